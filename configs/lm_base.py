@@ -1,0 +1,35 @@
+"""The paper's base LM (Table 2/8): 12 blocks, d=768, 32 experts of 3 sublayers, 60K steps (6K stage 1).
+
+The paper trains on RoBERTa+CC100en with GPT-2 BPE and 512K tokens per batch
+(512 sequences of 1024). Point ``data`` at your corpus, e.g.
+--config.data.corpus=text --config.data.data_dir=/data/cc100 --config.data.tokenizer=sentencepiece
+"""
+from configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.data.tokenizer = "sentencepiece"
+  config.data.sentencepiece_vocab_size = 50257
+  config.model.d_model = 768
+  config.model.num_heads = 12
+  config.model.num_layers = 12
+  config.model.d_ff = 3072
+  config.model.max_len = 1024
+  config.model.dropout = 0.0
+  config.model.dtype = "bfloat16"
+  config.model.moe.num_experts = 32
+  config.model.moe.sublayers_per_expert = 3
+  config.model.moe.eval_capacity_factor = 2.0
+  config.train.steps = 60_000
+  config.train.stage1_steps = 6_000
+  config.train.batch_size = 512
+  config.train.seq_len = 1024
+  config.train.learning_rate = 6e-4
+  config.train.warmup_steps = 2_000
+  config.train.log_every = 100
+  config.train.eval_every = 2_000
+  config.train.checkpoint_every = 2_000
+  config.eval.batch_size = 64
+  config.eval.seq_len = 1024
+  return config

@@ -1,0 +1,14 @@
+"""The paper's large LM: 24 blocks, d=1024, 64 experts of 6 sublayers, lr 3e-4, 60K steps (6K stage 1)."""
+from configs import lm_base
+
+
+def get_config():
+  config = lm_base.get_config()
+  config.model.d_model = 1024
+  config.model.num_heads = 16
+  config.model.num_layers = 24
+  config.model.d_ff = 4096
+  config.model.moe.num_experts = 64
+  config.model.moe.sublayers_per_expert = 6
+  config.train.learning_rate = 3e-4
+  return config

@@ -1,0 +1,67 @@
+"""Checks a config for values that cannot work, before anything is built or compiled."""
+from __future__ import annotations
+
+from stablemoe_jax.models.routers import ROUTERS
+from stablemoe_jax.models.transformer import PLACEMENTS
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+  """A config value is unknown or inconsistent; the message names the key and the fix."""
+
+
+def _require(ok: bool, message: str) -> None:
+  if not ok:
+    raise ConfigError(message)
+
+
+def validate_config(config, data_vocab_size: int | None = None) -> None:
+  """Raises ConfigError for the first bad value found.
+
+  Args:
+    config: the full run config.
+    data_vocab_size: the tokenizer's vocabulary size, once known; checked
+      against ``model.vocab_size``.
+  """
+  model, moe, train = config.model, config.model.moe, config.train
+  _require(train.steps > 0, f"train.steps={train.steps} must be positive.")
+  _require(
+      0 <= train.stage1_steps <= train.steps,
+      f"train.stage1_steps={train.stage1_steps} must lie in [0, train.steps={train.steps}]; "
+      f"set --config.train.stage1_steps to at most {train.steps} (the paper uses 10% of the steps).",
+  )
+  _require(0 <= train.warmup_steps < train.steps,
+           f"train.warmup_steps={train.warmup_steps} must lie in [0, train.steps={train.steps}).")
+  _require(train.batch_size > 0, f"train.batch_size={train.batch_size} must be positive.")
+  _require(train.learning_rate > 0, f"train.learning_rate={train.learning_rate} must be positive.")
+  for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+    _require(train[key] > 0, f"train.{key}={train[key]} must be positive.")
+  for section in ("train", "eval"):
+    seq_len = config[section].seq_len
+    _require(0 < seq_len <= model.max_len,
+             f"{section}.seq_len={seq_len} must lie in (0, model.max_len={model.max_len}]; "
+             f"raise --config.model.max_len or lower --config.{section}.seq_len.")
+  _require(model.d_model % model.num_heads == 0,
+           f"model.d_model={model.d_model} must be divisible by model.num_heads={model.num_heads}.")
+  _require(0.0 <= model.dropout < 1.0, f"model.dropout={model.dropout} must lie in [0, 1).")
+  _require(model.dtype in DTYPES, f"model.dtype={model.dtype!r} is unknown; choose one of {DTYPES}.")
+  _require(model.vocab_size >= 0, f"model.vocab_size={model.vocab_size} must be >= 0 (0: the tokenizer's).")
+  if data_vocab_size is not None and model.vocab_size:
+    _require(
+        model.vocab_size >= data_vocab_size,
+        f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's vocabulary "
+        f"({data_vocab_size}); set --config.model.vocab_size=0 to use the tokenizer's size.",
+    )
+  if moe.enabled:
+    _require(moe.num_experts > 0, f"model.moe.num_experts={moe.num_experts} must be positive.")
+    _require(moe.router in ROUTERS, f"model.moe.router={moe.router!r} is unknown; choose one of {ROUTERS}.")
+    _require(moe.placement in PLACEMENTS,
+             f"model.moe.placement={moe.placement!r} is unknown; choose one of {PLACEMENTS}.")
+    _require(moe.capacity_factor > 0,
+             f"model.moe.capacity_factor={moe.capacity_factor} must be > 0 (the paper's code uses 2.0).")
+    _require(moe.sublayers_per_expert > 0,
+             f"model.moe.sublayers_per_expert={moe.sublayers_per_expert} must be positive.")
+    _require(moe.distill_dim > 0, f"model.moe.distill_dim={moe.distill_dim} must be positive.")
+    _require(moe.balance_alpha >= 0 and moe.distill_weight >= 0,
+             "model.moe.balance_alpha and model.moe.distill_weight must be >= 0.")

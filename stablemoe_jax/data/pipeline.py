@@ -1,0 +1,206 @@
+"""The LM input pipeline: config -> tokenizer -> TFDS records -> grain batches.
+
+Every batch is a dict of numpy arrays, B = batch size, S = sequence length:
+
+    inputs  int32   [B, S]
+    targets int32   [B, S]   (next token of each input)
+    weights float32 [B, S]   (1 = counts in the loss; all ones in training)
+
+Training (`train_iterator`), fairseq `sample_break_mode=none`: a split is one
+stream (each line's ids + eos, concatenated); it is cut into (N - 1) // S
+blocks of S + 1 tokens overlapping by one (`blocks.TrainBlocks`). grain
+shuffles the blocks with a fresh permutation every epoch and repeats forever:
+
+    MapDataset.source(blocks).seed(seed).shuffle().repeat(None)
+        .batch(B // shard_count)[shard_index::shard_count].to_iter_dataset()
+
+grain's `shuffle` draws epoch e's permutation with seed (derived seed + e), so
+placing it before `repeat` reshuffles each epoch; consecutive epochs join
+without a gap, so a batch may straddle two epochs. The iterator's state is
+`{'next_index': k}` (k = batches returned so far): `get_state()` after k
+batches and `set_state()` on a fresh iterator resumes exactly.
+
+Multi-host: with `shard_count` processes, process `shard_index` gets rows
+[shard_index * b, (shard_index + 1) * b) of every global batch, b =
+batch_size // shard_count; the processes' batches concatenated in shard order
+are exactly the single-process global batch. Every process must use the same
+seed.
+
+Evaluation (`eval_batches`): inputs = stream[:-1], targets = stream[1:], tiled
+in order by non-overlapping rows of S, B rows per batch; the last batch is
+padded (id 0, weight 0) to full [B, S], so sum(weights) over all batches ==
+len(stream) - 1. Deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import grain
+import numpy as np
+
+from stablemoe_jax.data import blocks as blocks_lib
+from stablemoe_jax.data import builder as builder_lib
+from stablemoe_jax.data import locate
+from stablemoe_jax.data import tokenizers
+from stablemoe_jax.data.stream import FieldSource, RecordSource, TokenStream
+
+Batch = dict[str, np.ndarray]
+
+DEFAULT_READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=8)
+
+
+def _per_process_batch(batch_size: int, shard_index: int, shard_count: int) -> int:
+  if shard_count < 1 or not 0 <= shard_index < shard_count:
+    raise ValueError(f'Need 0 <= shard_index < shard_count, got {shard_index}, {shard_count}.')
+  if batch_size < 1 or batch_size % shard_count:
+    raise ValueError(
+        f'batch_size={batch_size} must be a positive multiple of shard_count={shard_count}.'
+    )
+  return batch_size // shard_count
+
+
+def train_dataset(
+    stream: TokenStream,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    shard_index: int = 0,
+    shard_count: int = 1,
+) -> grain.MapDataset:
+  """Infinite MapDataset of this process's training batches ([B // shard_count, S] each)."""
+  local = _per_process_batch(batch_size, shard_index, shard_count)
+  ds = grain.MapDataset.source(blocks_lib.TrainBlocks(stream, seq_len))
+  ds = ds.seed(seed).shuffle().repeat(None)
+  ds = ds.batch(local, drop_remainder=True)
+  if shard_count > 1:
+    ds = ds[shard_index::shard_count]
+  return ds
+
+
+def train_iterator(
+    stream: TokenStream,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    read_options: grain.ReadOptions | None = None,
+) -> grain.DatasetIterator:
+  """Endless iterator of training batches with get_state() / set_state()."""
+  ds = train_dataset(stream, batch_size, seq_len, seed, shard_index, shard_count)
+  return iter(ds.to_iter_dataset(read_options or DEFAULT_READ_OPTIONS))
+
+
+def eval_batches(
+    stream: TokenStream, batch_size: int, seq_len: int, pad_id: int = 0
+) -> Iterator[Batch]:
+  """Batches covering every prediction of the stream once, in order (last one padded)."""
+  if batch_size < 1:
+    raise ValueError(f'batch_size must be positive, got {batch_size}.')
+  rows = blocks_lib.EvalRows(stream, seq_len, pad_id=pad_id)
+  padding = -rows.num_data_rows % batch_size
+  rows = blocks_lib.EvalRows(stream, seq_len, num_padded_rows=padding, pad_id=pad_id)
+  ds = grain.MapDataset.source(rows).batch(batch_size)
+  for i in range(len(ds)):
+    yield ds[i]
+
+
+@dataclasses.dataclass
+class LMData:
+  """A prepared LM corpus: its tokenizer and its splits' token streams.
+
+  Attributes:
+    tokenizer: the tokenizer the records were written with.
+    vocab_size: == tokenizer.vocab_size.
+    sources: {split: random-access source of 1-D int32 records (line ids + eos)}.
+  """
+
+  tokenizer: tokenizers.Tokenizer
+  vocab_size: int
+  sources: Mapping[str, RecordSource] = dataclasses.field(repr=False)
+  _streams: dict[str, TokenStream] = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+  def __post_init__(self):
+    if self.vocab_size != self.tokenizer.vocab_size:
+      raise ValueError(f'vocab_size {self.vocab_size} != tokenizer.vocab_size {self.tokenizer.vocab_size}')
+
+  def stream(self, split: str) -> TokenStream:
+    """The split's token stream (built on first use, then cached)."""
+    if split not in self.sources:
+      raise ValueError(f'Unknown split {split!r}; available: {", ".join(self.sources)}.')
+    if split not in self._streams:
+      self._streams[split] = TokenStream(self.sources[split])
+    return self._streams[split]
+
+  def split_num_tokens(self, split: str) -> int:
+    """Tokens in the split's stream (ids + one eos per line); it has this minus 1 targets."""
+    return len(self.stream(split))
+
+  def train_iterator(
+      self,
+      batch_size: int,
+      seq_len: int,
+      seed: int,
+      shard_index: int = 0,
+      shard_count: int = 1,
+      read_options: grain.ReadOptions | None = None,
+  ) -> grain.DatasetIterator:
+    """Endless shuffled batches of the 'train' split, [batch_size // shard_count, seq_len]."""
+    return train_iterator(
+        self.stream('train'), batch_size, seq_len, seed, shard_index, shard_count, read_options
+    )
+
+  def eval_batches(self, split: str, batch_size: int, seq_len: int) -> Iterator[Batch]:
+    """[batch_size, seq_len] batches covering the split's predictions once, in order."""
+    return eval_batches(self.stream(split), batch_size, seq_len)
+
+
+def _get(config: Any, name: str, default: Any) -> Any:
+  return config.get(name, default) if hasattr(config, 'get') else getattr(config, name, default)
+
+
+def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
+  """Resolves the corpus, builds (or reuses) the tokenizer and the records, returns LMData.
+
+  Args:
+    data_config: ConfigDict with `corpus` ('ptb' | 'text'), `data_dir` (str,
+      '' = $STABLEMOE_DATA_DIR), `tokenizer` ('word' | 'sentencepiece'),
+      `sentencepiece_vocab_size` (int).
+    prepared_dir: the run's prepared-data directory (e.g. workdir/data); gets
+      `tokenizer/` and `tfds/`. Reused on later calls (a resumed run).
+      With several processes sharing one directory, let process 0 call this
+      first (then a barrier), so only one process writes.
+
+  Raises:
+    ValueError: unknown corpus or tokenizer value.
+    DataNotFoundError: the corpus files are missing (message says how to fix).
+  """
+  corpus = _get(data_config, 'corpus', 'ptb')
+  kind = _get(data_config, 'tokenizer', 'word')
+  if corpus not in locate.CORPORA:
+    raise ValueError(f'Unknown data.corpus {corpus!r}; allowed: {", ".join(locate.CORPORA)}.')
+  if kind not in tokenizers.TOKENIZER_KINDS:
+    raise ValueError(
+        f'Unknown data.tokenizer {kind!r}; allowed: {", ".join(tokenizers.TOKENIZER_KINDS)}.'
+    )
+  data_dir = locate.resolve_data_dir(_get(data_config, 'data_dir', ''), corpus)
+  files = locate.corpus_files(data_dir, corpus)
+  prepared_dir = pathlib.Path(prepared_dir)
+  tokenizer = tokenizers.build_tokenizer(
+      kind,
+      files['train'],
+      prepared_dir / 'tokenizer',
+      vocab_size=_get(data_config, 'sentencepiece_vocab_size', None),
+  )
+  builder = builder_lib.LmCorpus(
+      split_files=files, tokenizer=tokenizer, corpus=corpus, data_dir=prepared_dir / 'tfds'
+  )
+  builder.prepare()
+  sources = {
+      split: FieldSource(builder.as_data_source(split=split), 'tokens') for split in files
+  }
+  return LMData(tokenizer=tokenizer, vocab_size=tokenizer.vocab_size, sources=sources)

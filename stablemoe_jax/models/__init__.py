@@ -1,0 +1,1 @@
+"""Flax modules: the Transformer LM, the MoE layer and its routers."""

@@ -1,0 +1,56 @@
+"""The value every router returns, and the losses routers share.
+
+A router maps token representations ``h [T, d]`` and token ids ``[T]`` to a
+:class:`Routing`: one expert per token and the scalar gate applied to that
+expert's output. Auxiliary losses and routing metrics are reported through
+Flax's ``sow`` into the ``aux_loss`` and ``moe_metrics`` collections, so that
+adding a routing method never changes the layer, the model or the train step.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+AUX_LOSS = "aux_loss"
+METRICS = "moe_metrics"
+
+
+class Routing(struct.PyTreeNode):
+  """Top-1 routing decision for T tokens.
+
+  Attributes:
+    expert_index: int32 [T], the expert each token is sent to.
+    gate: float32 [T], the multiplier on that expert's output.
+  """
+
+  expert_index: jax.Array
+  gate: jax.Array
+
+
+def stablemoe_balance_loss(scores: jax.Array, assignment: jax.Array, alpha: float) -> jax.Array:
+  """StableMoE's balance loss, averaged over tokens as in the authors' code.
+
+  ``alpha * sum_i ((|A_i| - T/N) / (T/N)) * sum_{t in A_i} sigmoid(s[t, i])``,
+  divided by T. ``|A_i|`` is a count (no gradient); the sigmoid terms carry
+  gradient to the centroids and to the token representations.
+
+  Args:
+    scores: float32 [T, N] token-to-centroid affinities.
+    assignment: int32 [T] greedy expert per token (all tokens, dropped ones too).
+    alpha: loss weight (0.3 in the paper).
+
+  Returns:
+    float32 scalar.
+  """
+  num_tokens, num_experts = scores.shape
+  assigned = jax.nn.one_hot(assignment, num_experts, dtype=jnp.float32)  # [T, N]
+  counts = jax.lax.stop_gradient(assigned.sum(axis=0))  # [N]
+  mean_load = num_tokens / num_experts
+  gate_mass = (jax.nn.sigmoid(scores) * assigned).sum(axis=0)  # [N]
+  return alpha * jnp.sum((counts - mean_load) / mean_load * gate_mass) / num_tokens
+
+
+def expert_load(expert_index: jax.Array, num_experts: int) -> jax.Array:
+  """Fraction of tokens sent to each expert: float32 [N] from int32 [T]."""
+  return jnp.bincount(expert_index, length=num_experts).astype(jnp.float32) / expert_index.shape[0]

@@ -1,0 +1,97 @@
+"""Decoder-only Transformer LM (pre-LayerNorm, learned positions, tied embeddings) with MoE layers."""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from stablemoe_jax.models.moe import MoELayer
+
+PLACEMENTS = ("bottom", "middle", "top", "scattered")
+
+
+def moe_positions(num_layers: int, placement: str) -> tuple[int, ...]:
+  """Where MoE layers go, as the number of blocks before each one.
+
+  bottom: before the first block; middle: after block L/2; top: after the last
+  block; scattered: after blocks L/4, 2L/4 and 3L/4 (the paper's Table 4).
+  """
+  table = {
+      "bottom": (0,),
+      "middle": (num_layers // 2,),
+      "top": (num_layers,),
+      "scattered": (num_layers // 4, num_layers // 2, 3 * num_layers // 4),
+  }
+  if placement not in table:
+    raise ValueError(f"unknown MoE placement {placement!r}; choose one of {PLACEMENTS}")
+  return table[placement]
+
+
+class CausalSelfAttention(nn.Module):
+  """Multi-head causal self-attention: x [B, S, d] -> [B, S, d]."""
+
+  num_heads: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    d = x.shape[-1]
+    head_dim = d // self.num_heads
+    qkv = nn.DenseGeneral((3, self.num_heads, head_dim), dtype=self.dtype, name="qkv")(x)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, S, H, Dh] each
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    return nn.DenseGeneral(d, axis=(-2, -1), dtype=self.dtype, name="out")(out)
+
+
+class DecoderBlock(nn.Module):
+  """Pre-LN block: x + Attn(LN(x)), then x + FFN(LN(x)); x [B, S, d] -> [B, S, d]."""
+
+  num_heads: int
+  d_ff: int
+  dropout: float
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    drop = nn.Dropout(self.dropout)
+    y = CausalSelfAttention(self.num_heads, self.dtype, name="attention")(nn.LayerNorm(dtype=self.dtype)(x))
+    x = x + drop(y, deterministic=deterministic)
+    y = nn.Dense(self.d_ff, dtype=self.dtype, name="ffn_in")(nn.LayerNorm(dtype=self.dtype)(x))
+    y = nn.Dense(x.shape[-1], dtype=self.dtype, name="ffn_out")(nn.relu(y))
+    return x + drop(y, deterministic=deterministic)
+
+
+class TransformerLM(nn.Module):
+  """Decoder-only LM with MoE layers inserted between blocks.
+
+  Attributes:
+    config: the ``model`` config (vocab_size, d_model, num_heads, num_layers,
+      d_ff, max_len, dropout, dtype, and ``moe``).
+  """
+
+  config: Any
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, in_stage1: jax.Array, deterministic: bool = True) -> jax.Array:
+    """tokens int32 [B, S], in_stage1 bool scalar -> logits float32 [B, S, V]."""
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    d = cfg.d_model
+    embed = nn.Embed(cfg.vocab_size, d, embedding_init=nn.initializers.normal(d**-0.5), name="embed")
+    positions = self.param("positions", nn.initializers.normal(d**-0.5), (cfg.max_len, d))
+    x = embed(tokens) * jnp.sqrt(d) + positions[: tokens.shape[1]]
+    x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic).astype(dtype)
+
+    moe = cfg.moe
+    placement = moe_positions(cfg.num_layers, moe.placement) if moe.enabled else ()
+    sublayers = moe.sublayers_per_expert // len(placement) if placement else 0
+    for block in range(cfg.num_layers + 1):
+      for k in [k for k, p in enumerate(placement) if p == block]:
+        x = MoELayer(moe, cfg.vocab_size, max(1, sublayers), moe.d_ff or cfg.d_ff, cfg.dropout, dtype,
+                     name=f"moe_{k}")(x, tokens, in_stage1, deterministic)
+      if block < cfg.num_layers:
+        x = DecoderBlock(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype, name=f"block_{block}")(x, deterministic)
+    x = nn.LayerNorm(dtype=dtype, name="final_norm")(x)
+    return embed.attend(x.astype(jnp.float32))

@@ -1,0 +1,1 @@
+"""Train state, the stage-aware optimizer, the pure train/eval steps, checkpoints and the loop."""

@@ -1,0 +1,106 @@
+"""Orbax checkpoints of the train state, the data position and the config that wrote them."""
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+# Train settings that may change between a run and its resumption without changing its result.
+_RESUMABLE_TRAIN_KEYS = ("log_every", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints")
+
+
+class CheckpointMismatchError(ValueError):
+  """The checkpoint was written by a run with a different config."""
+
+
+def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
+  out = []
+  for key in sorted(set(saved) | set(current)):
+    a, b = saved.get(key, "<absent>"), current.get(key, "<absent>")
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += _differences(a, b, f"{prefix}{key}.")
+    elif a != b:
+      out.append(f"{prefix}{key}: checkpoint {a!r}, this config {b!r}")
+  return out
+
+
+def _comparable(config: dict, for_training: bool) -> dict:
+  sections = {"model": config["model"], "data": {k: v for k, v in config["data"].items() if k != "data_dir"}}
+  if for_training:
+    sections["seed"] = config["seed"]
+    sections["train"] = {k: v for k, v in config["train"].items() if k not in _RESUMABLE_TRAIN_KEYS}
+  return sections
+
+
+class Checkpointer:
+  """Saves and restores ``{state, data position, config}`` under ``directory`` with async saves.
+
+  Args:
+    directory: where the step folders go (created if absent).
+    config: the run's resolved config; saved with every checkpoint and compared on restore.
+    keep: how many recent checkpoints to keep.
+  """
+
+  def __init__(self, directory: pathlib.Path, config: ml_collections.ConfigDict, keep: int = 3):
+    self._config = config.to_dict()
+    self._manager = ocp.CheckpointManager(
+        pathlib.Path(directory).absolute(),
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=True),
+    )
+
+  @property
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def save(self, step: int, state: Any, data_state: dict | None) -> None:
+    """Starts an async save of ``state`` and ``data_state`` (a grain iterator's ``get_state()``)."""
+    self._manager.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(data_state or {}),
+            config=ocp.args.JsonSave(self._config),
+        ),
+    )
+
+  def check_config(self, step: int, for_training: bool) -> None:
+    """Raises CheckpointMismatchError if the checkpoint's config differs where it matters."""
+    saved = self._manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+    diffs = _differences(_comparable(saved, for_training), _comparable(self._config, for_training))
+    if diffs:
+      raise CheckpointMismatchError(
+          f"the checkpoint at step {step} in {self._manager.directory} was written with another config:\n  "
+          + "\n  ".join(diffs)
+          + "\nRun with the same config (or overrides) as that run, or use a new --workdir."
+      )
+
+  def restore(self, step: int, abstract_state: Any, for_training: bool = True) -> tuple[Any, dict]:
+    """Returns ``(state, data_state)`` saved at ``step``; the state takes ``abstract_state``'s shardings."""
+    available = self.all_steps()
+    if step not in available:
+      raise FileNotFoundError(
+          f"no checkpoint for step {step} in {self._manager.directory}; available steps: {available}"
+      )
+    self.check_config(step, for_training)
+    restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()),
+    )
+    return restored["state"], restored["data"]
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.close()
+
+
+def abstract_like(tree: Any) -> Any:
+  """ShapeDtypeStructs (with shardings) of a pytree of arrays, for restoring into it."""
+  return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)

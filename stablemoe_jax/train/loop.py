@@ -1,0 +1,170 @@
+"""The training and evaluation loops: data -> jitted step -> metrics and checkpoints."""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import time
+from typing import Iterable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm
+
+from stablemoe_jax import data as data_lib
+from stablemoe_jax.config_validation import validate_config
+from stablemoe_jax.models.transformer import TransformerLM
+from stablemoe_jax.train import checkpoint as ckpt_lib
+from stablemoe_jax.train.metrics import MetricWriter
+from stablemoe_jax.train.optimizer import make_optimizer
+from stablemoe_jax.train.state import TrainState, create_train_state
+from stablemoe_jax.train.step import make_eval_step, make_train_step
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The loss became NaN or infinite."""
+
+
+class Experiment:
+  """Everything a run builds from its config: data, model, optimizer, steps, checkpointer.
+
+  Building it validates the config and prepares the data, but compiles nothing.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path):
+    validate_config(config)
+    self.workdir = pathlib.Path(workdir)
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    self.data = data_lib.load_lm_data(config.data, self.workdir / "data")
+    validate_config(config, data_vocab_size=self.data.vocab_size)
+    self.config = config = ml_collections.ConfigDict(config.to_dict())
+    if not config.model.vocab_size:
+      config.model.vocab_size = self.data.vocab_size
+    (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+    self.model = TransformerLM(config.model)
+    self.tx = make_optimizer(config.train)
+    self.checkpointer = ckpt_lib.Checkpointer(
+        self.workdir / "checkpoints", config, keep=config.train.keep_checkpoints
+    )
+    self.eval_step = jax.jit(make_eval_step(self.model))
+
+  def init_state(self) -> TrainState:
+    return create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len)
+
+  def abstract_state(self) -> TrainState:
+    return jax.eval_shape(self.init_state)
+
+  def evaluate(self, params, split: str, max_batches: int = 0) -> dict[str, float]:
+    """Perplexity on ``split`` with the inference routing; ``max_batches > 0`` evaluates a prefix."""
+    cfg = self.config.eval
+    batches: Iterable = self.data.eval_batches(split, cfg.batch_size, cfg.seq_len)
+    nll, tokens = 0.0, 0.0
+    for i, batch in enumerate(batches):
+      if max_batches > 0 and i >= max_batches:
+        break
+      sums = self.eval_step(params, batch)
+      nll, tokens = nll + sums["nll_sum"], tokens + sums["tokens"]
+    loss = float(nll) / max(float(tokens), 1.0)
+    return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "tokens": int(tokens)}
+
+
+def _check_finite(loss: float, step: int, last_checkpoint: int | None) -> None:
+  if not math.isfinite(loss):
+    raise NonFiniteLossError(
+        f"the training loss is {loss} at step {step}. No checkpoint was written after it; the last one is "
+        f"step {last_checkpoint}, and rerunning resumes there. Lower --config.train.learning_rate, "
+        f"lengthen --config.train.warmup_steps or tighten --config.train.clip_norm."
+    )
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+                       stop_at_step: int | None = None) -> dict:
+  """Trains both stages, resuming from the latest checkpoint in ``workdir``, then evaluates.
+
+  Args:
+    config: the run config.
+    workdir: where checkpoints, metrics, the tokenizer and prepared data go.
+    stop_at_step: stop after this step without a final save, as a killed run would (for tests).
+
+  Returns:
+    The summary also written to ``workdir/summary.json``.
+  """
+  exp = Experiment(config, workdir)
+  cfg = exp.config
+  train_cfg = cfg.train
+  state = exp.init_state()
+  train_iter = exp.data.train_iterator(train_cfg.batch_size, train_cfg.seq_len, cfg.seed)
+  start = exp.checkpointer.latest_step
+  if start is not None:
+    state, data_state = exp.checkpointer.restore(start, ckpt_lib.abstract_like(state))
+    train_iter.set_state(data_state)
+    print(f"resumed from the checkpoint at step {start} in {exp.workdir}", flush=True)
+  start = start or 0
+  writer = MetricWriter(exp.workdir, resume_step=start)
+  train_step = jax.jit(make_train_step(exp.model, exp.tx, cfg), donate_argnums=0)
+  tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
+  last_checkpoint = start if start else None
+  started = time.time()
+  window_start, window_metrics = time.time(), []
+  progress = tqdm.tqdm(total=train_cfg.steps, initial=start, desc="train", dynamic_ncols=True, mininterval=1.0)
+  try:
+    for step in range(start + 1, train_cfg.steps + 1):
+      state, metrics = train_step(state, next(train_iter))
+      window_metrics.append(metrics)
+      progress.update(1)
+      if step % train_cfg.log_every == 0 or step == train_cfg.steps:
+        window = jax.device_get(window_metrics)
+        averaged = {k: np.mean([m[k] for m in window], axis=0) for k in window[0]}
+        averaged["stage"] = window[-1]["stage"]
+        elapsed = time.time() - window_start
+        averaged["tokens_per_second"] = len(window) * tokens_per_step / elapsed
+        _check_finite(float(averaged["loss"]), step, last_checkpoint)
+        writer.write(step, averaged)
+        progress.set_postfix(loss=f"{averaged['task_loss']:.3f}", stage=int(averaged["stage"]),
+                             tok_s=f"{averaged['tokens_per_second']:.0f}")
+        window_start, window_metrics = time.time(), []
+      if step % train_cfg.eval_every == 0 and step != train_cfg.steps:
+        valid = exp.evaluate(state.params, "valid", train_cfg.eval_batches)
+        writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"]})
+        progress.write(f"step {step}: valid perplexity {valid['perplexity']:.2f}")
+      if stop_at_step is not None and step == stop_at_step:
+        return {"stopped_at_step": step}
+      if step % train_cfg.checkpoint_every == 0 or step == train_cfg.steps:
+        _check_finite(float(metrics["loss"]), step, last_checkpoint)
+        exp.checkpointer.save(step, state, train_iter.get_state())
+        last_checkpoint = step
+    progress.close()
+    train_seconds = time.time() - started
+    summary = {
+        "steps": train_cfg.steps,
+        "stage1_steps": train_cfg.stage1_steps,
+        "train_seconds_this_run": round(train_seconds, 1),
+        "valid": exp.evaluate(state.params, "valid"),
+        "test": exp.evaluate(state.params, "test"),
+    }
+    (exp.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+  finally:
+    progress.close()
+    exp.checkpointer.wait()
+    exp.checkpointer.close()
+    writer.close()
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+                        step: int | None = None, split: str = "valid") -> dict:
+  """Restores the checkpoint at ``step`` (default: latest) and reports perplexity on ``split``."""
+  exp = Experiment(config, workdir)
+  try:
+    step = exp.checkpointer.latest_step if step is None else step
+    if step is None:
+      raise FileNotFoundError(
+          f"no checkpoint in {exp.workdir / 'checkpoints'}; train first with --mode=train and this --workdir."
+      )
+    state, _ = exp.checkpointer.restore(step, exp.abstract_state(), for_training=False)
+    result = {"step": step, "split": split, **exp.evaluate(state.params, split)}
+  finally:
+    exp.checkpointer.close()
+  return result

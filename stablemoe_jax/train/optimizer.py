@@ -1,0 +1,50 @@
+"""Adam with warmup + linear decay, global-norm clipping, and the stage-1 freeze of the distilled router.
+
+``optax.multi_transform`` gives the distilled router's parameters their own
+chain whose last step scales the update by 1 while ``count < stage1_steps``
+and by exactly 0 from the stage-1 boundary on, inside the same compiled step.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from stablemoe_jax.models.distill import DISTILLED_ROUTER_NAME
+
+TRAINED = "trained"
+FROZEN_AFTER_STAGE1 = "frozen_after_stage1"
+
+
+def param_labels(params) -> dict:
+  """Labels every leaf ``frozen_after_stage1`` if it lies under a distilled router, else ``trained``."""
+  def label(path, _):
+    names = {getattr(key, "key", None) for key in path}
+    return FROZEN_AFTER_STAGE1 if DISTILLED_ROUTER_NAME in names else TRAINED
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def learning_rate_schedule(train_config) -> optax.Schedule:
+  """Linear warmup from 0 to ``learning_rate`` over ``warmup_steps``, then linear decay to 0 at ``steps``."""
+  peak, warmup, total = train_config.learning_rate, train_config.warmup_steps, train_config.steps
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, warmup), optax.linear_schedule(peak, 0.0, total - warmup)],
+      [warmup],
+  )
+
+
+def make_optimizer(train_config) -> optax.GradientTransformation:
+  """The full optimizer; ``update`` must be called once per train step (its counts are the step)."""
+  schedule = learning_rate_schedule(train_config)
+  stage1_steps = train_config.stage1_steps
+
+  def adam():
+    return optax.adam(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2, eps=train_config.adam_eps)
+
+  freeze_at_boundary = optax.scale_by_schedule(lambda count: (count < stage1_steps).astype(jnp.float32))
+  return optax.chain(
+      optax.clip_by_global_norm(train_config.clip_norm),
+      optax.multi_transform(
+          {TRAINED: adam(), FROZEN_AFTER_STAGE1: optax.chain(adam(), freeze_at_boundary)}, param_labels
+      ),
+  )

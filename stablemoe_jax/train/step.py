@@ -1,0 +1,77 @@
+"""Pure train and eval steps: ``(state, batch) -> (state, metrics)`` and ``(params, batch) -> sums``."""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import traverse_util
+
+from stablemoe_jax.models.routing import AUX_LOSS, METRICS
+from stablemoe_jax.train.optimizer import learning_rate_schedule
+from stablemoe_jax.train.state import TrainState, in_stage1
+
+Batch = dict[str, jax.Array]
+
+
+def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """Per-token negative log-likelihood: logits [B, S, V], targets int32 [B, S] -> [B, S]."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+
+
+def _flatten(collection) -> dict[str, jax.Array]:
+  """Sown values {module: {name: (value,)}} -> {'module/name': value}."""
+  flat = traverse_util.flatten_dict(collection, sep="/")
+  return {key: value[0] for key, value in flat.items()}
+
+
+def _sum_named(flat: dict[str, jax.Array], name: str) -> jax.Array:
+  return sum((v for k, v in flat.items() if k.rsplit("/", 1)[-1] == name), jnp.zeros(()))
+
+
+def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable[[TrainState, Batch], tuple]:
+  """Builds the train step for ``model`` and ``tx``; jit it with ``donate_argnums=0``."""
+  stage1_steps = config.train.stage1_steps
+  schedule = learning_rate_schedule(config.train)
+  base_key = jax.random.key(config.seed)
+
+  def train_step(state: TrainState, batch: Batch):
+    stage1 = in_stage1(state.step, stage1_steps)
+    dropout_key = jax.random.fold_in(base_key, state.step)
+
+    def loss_fn(params):
+      logits, sown = model.apply(
+          {"params": params}, batch["inputs"], stage1, deterministic=False,
+          rngs={"dropout": dropout_key}, mutable=[AUX_LOSS, METRICS],
+      )
+      weights = batch["weights"]
+      task_loss = jnp.sum(token_nll(logits, batch["targets"]) * weights) / jnp.maximum(weights.sum(), 1.0)
+      aux = _flatten(sown.get(AUX_LOSS, {}))
+      return task_loss + sum(aux.values(), jnp.zeros(())), (task_loss, aux, _flatten(sown.get(METRICS, {})))
+
+    (loss, (task_loss, aux, moe_metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {
+        "loss": loss,
+        "task_loss": task_loss,
+        "balance_loss": _sum_named(aux, "balance"),
+        "distill_loss": _sum_named(aux, "distill"),
+        "grad_norm": optax.global_norm(grads),
+        "learning_rate": schedule(state.step),
+        "stage": jnp.where(stage1, 1, 2),
+        **{f"moe/{k}": v for k, v in moe_metrics.items()},
+    }
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  return train_step
+
+
+def make_eval_step(model) -> Callable[[dict, Batch], dict[str, jax.Array]]:
+  """Eval step with inference routing (distilled router): returns summed NLL and token count."""
+  def eval_step(params, batch: Batch):
+    logits = model.apply({"params": params}, batch["inputs"], jnp.array(False), deterministic=True)
+    weights = batch["weights"]
+    return {"nll_sum": jnp.sum(token_nll(logits, batch["targets"]) * weights), "tokens": weights.sum()}
+  return eval_step

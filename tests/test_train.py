@@ -1,0 +1,151 @@
+"""The train loop on real data: the stage-1 freeze, exact resumption, evaluation, bad input."""
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.train import loop
+from stablemoe_jax.train.checkpoint import CheckpointMismatchError, abstract_like
+from stablemoe_jax.train.step import make_train_step
+
+
+def _distilled(params):
+  return params["moe_0"]["router"]["distilled_router"]
+
+
+def test_distilled_router_frozen_bit_for_bit_over_stage2_while_gate_learns(tiny_config, tmp_path):
+  tiny_config.train.steps, tiny_config.train.stage1_steps = 9, 3
+  exp = loop.Experiment(tiny_config, tmp_path)
+  state = exp.init_state()
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config))
+  batches = exp.data.train_iterator(4, 16, seed=0)
+  history = [jax.device_get(state.params)]
+  stages = []
+  for _ in range(9):
+    state, metrics = step_fn(state, next(batches))
+    history.append(jax.device_get(state.params))
+    stages.append(int(metrics["stage"]))
+  assert stages == [1, 1, 1, 2, 2, 2, 2, 2, 2]
+  # Stage 1 trains the distilled router (update 1 has learning rate 0, the start of the warmup) ...
+  for before, after in zip(history[1:3], history[2:4]):
+    assert not np.array_equal(_distilled(before)["embedding"], _distilled(after)["embedding"])
+  # ... and from the boundary on, it never moves by a single bit, though Adam's moments are non-zero.
+  for later in history[4:]:
+    jax.tree.map(np.testing.assert_array_equal, _distilled(history[3]), _distilled(later))
+  # The gate's centroids and the experts keep learning in every stage-2 step.
+  for before, after in zip(history[3:-1], history[4:]):
+    assert not np.array_equal(before["moe_0"]["router"]["centroids"], after["moe_0"]["router"]["centroids"])
+    assert not np.array_equal(before["moe_0"]["experts"]["w_out"], after["moe_0"]["experts"]["w_out"])
+
+
+def _restore_final(workdir, exp_config):
+  manager = ocp.CheckpointManager((workdir / "checkpoints").absolute())
+  step = manager.latest_step()
+  exp = loop.Experiment(exp_config, workdir)
+  abstract = abstract_like(exp.init_state())
+  restored = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+  manager.close()
+  exp.checkpointer.close()
+  return step, restored["state"], restored["data"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ptb_dir, tmp_path_factory):
+  from conftest import make_tiny_config
+  config = make_tiny_config(ptb_dir)
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  summary = loop.train_and_evaluate(config, workdir)
+  return config, workdir, summary
+
+
+@pytest.mark.parametrize("kill_after", [6, 9])  # resume from step 4 (stage 1) and from step 8 (stage 2)
+def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, tmp_path, kill_after):
+  config, full_dir, full_summary = uninterrupted
+  assert loop.train_and_evaluate(config, tmp_path, stop_at_step=kill_after) == {"stopped_at_step": kill_after}
+  resumed_summary = loop.train_and_evaluate(config, tmp_path)
+  step_a, state_a, data_a = _restore_final(full_dir, config)
+  step_b, state_b, data_b = _restore_final(tmp_path, config)
+  assert step_a == step_b == 12 and int(state_a.step) == int(state_b.step) == 12
+  jax.tree.map(np.testing.assert_array_equal, state_a.params, state_b.params)
+  jax.tree.map(np.testing.assert_array_equal, state_a.opt_state, state_b.opt_state)
+  assert data_a == data_b
+  assert resumed_summary["valid"] == full_summary["valid"] and resumed_summary["test"] == full_summary["test"]
+  # The metrics file reads as one run: each logged step once, losses equal to the uninterrupted run's.
+  read = lambda d: [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
+  train_records = lambda d: [r for r in read(d) if "loss" in r]
+  assert [r["step"] for r in train_records(tmp_path)] == [2, 4, 6, 8, 10, 12]
+  assert [r["loss"] for r in train_records(tmp_path)] == [r["loss"] for r in train_records(full_dir)]
+
+
+def test_eval_mode_restores_checkpoint_and_reproduces_final_perplexity(uninterrupted):
+  config, workdir, summary = uninterrupted
+  result = loop.evaluate_checkpoint(config, workdir, split="test")
+  assert result["step"] == 12 and result["perplexity"] == summary["test"]["perplexity"]
+  earlier = loop.evaluate_checkpoint(config, workdir, step=4)
+  assert earlier["perplexity"] > summary["valid"]["perplexity"]
+  with pytest.raises(FileNotFoundError, match="available steps"):
+    loop.evaluate_checkpoint(config, workdir, step=5)
+
+
+def test_checkpoint_from_another_config_is_refused(uninterrupted):
+  config, workdir, _ = uninterrupted
+  other = config.copy_and_resolve_references()
+  other.model.d_model = 64
+  with pytest.raises(CheckpointMismatchError, match="model.d_model: checkpoint 32, this config 64"):
+    loop.evaluate_checkpoint(other, workdir)
+
+
+def test_short_real_data_run_lowers_the_loss(tiny_config, tmp_path):
+  tiny_config.model.d_model, tiny_config.model.d_ff = 64, 128
+  tiny_config.train.steps, tiny_config.train.stage1_steps, tiny_config.train.warmup_steps = 60, 20, 5
+  tiny_config.train.batch_size, tiny_config.train.log_every, tiny_config.train.eval_every = 8, 10, 1000
+  tiny_config.train.checkpoint_every = 60
+  summary = loop.train_and_evaluate(tiny_config, tmp_path)
+  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  losses = [r["task_loss"] for r in records if "task_loss" in r]
+  assert losses[0] > 8.5  # about log(10000) = 9.2 at the start
+  assert losses[-1] < losses[0] - 1.5
+  assert summary["valid"]["perplexity"] < 2000  # a uniform guess is 10000
+  assert [r["stage"] for r in records if "stage" in r] == [1, 1, 2, 2, 2, 2]
+  load = np.array([r["moe/moe_0/load"] for r in records if "stage" in r])
+  np.testing.assert_allclose(load.sum(-1), 1.0, rtol=1e-5)
+
+
+def test_nan_loss_stops_with_a_clear_error_and_keeps_no_bad_checkpoint(tiny_config, tmp_path):
+  tiny_config.train.learning_rate = 1e38
+  with pytest.raises(loop.NonFiniteLossError, match="learning_rate"):
+    loop.train_and_evaluate(tiny_config, tmp_path)
+  manager = ocp.CheckpointManager((tmp_path / "checkpoints").absolute())
+  for step in manager.all_steps():
+    params = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["params"]
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+  manager.close()
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("train.stage1_steps", 13, "train.stage1_steps=13 must lie in"),
+    ("model.moe.num_experts", 0, "num_experts=0 must be positive"),
+    ("model.moe.capacity_factor", 0.0, "capacity_factor=0.0 must be > 0"),
+    ("model.moe.placement", "sideways", "placement='sideways' is unknown"),
+    ("train.seq_len", 32, "train.seq_len=32 must lie in"),
+])
+def test_inconsistent_config_is_refused(tiny_config, key, value, message):
+  section, name = key.rsplit(".", 1)
+  node = tiny_config
+  for part in section.split("."):
+    node = node[part]
+  node[name] = value
+  with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    validate_config(tiny_config)
+
+
+def test_vocabulary_smaller_than_data_is_refused_before_compiling(tiny_config, tmp_path):
+  tiny_config.model.vocab_size = 5000
+  with pytest.raises(ConfigError, match=r"vocab_size=5000 is smaller than the tokenizer's vocabulary \(10000\)"):
+    loop.Experiment(tiny_config, tmp_path)

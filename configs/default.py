@@ -44,6 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.steps = 850
   config.train.stage1_steps = 85  # 10% of training, as in the paper
   config.train.batch_size = 16
+  config.train.microbatches = 1  # >1: accumulate gradients over batch_size / microbatches rows at a time
   config.train.seq_len = 128
   config.train.learning_rate = 1e-3
   config.train.warmup_steps = 100

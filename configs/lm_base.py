@@ -1,16 +1,18 @@
 """The paper's base LM (Table 2/8): 12 blocks, d=768, 32 experts of 3 sublayers, 60K steps (6K stage 1).
 
-The paper trains on RoBERTa+CC100en with GPT-2 BPE and 512K tokens per batch
-(512 sequences of 1024). Point ``data`` at your corpus, e.g.
---config.data.corpus=text --config.data.data_dir=/data/cc100 --config.data.tokenizer=sentencepiece
+The paper trains on RoBERTa+CC100en with GPT-2 BPE (50,257 types) and 512K tokens per batch
+(512 sequences of 1024). PTB stays the offline default; point ``data`` at your corpus
+(train.txt / valid.txt / test.txt) for the paper's setting:
+  --config.data.corpus=text --config.data.data_dir=/data/cc100 \
+  --config.data.tokenizer=sentencepiece --config.data.sentencepiece_vocab_size=50257
+The batch is accumulated over ``train.microbatches`` slices of 64 x 1024 tokens (split over all
+devices); raise it if a slice does not fit in memory.
 """
 from configs import default
 
 
 def get_config():
   config = default.get_config()
-  config.data.tokenizer = "sentencepiece"
-  config.data.sentencepiece_vocab_size = 50257
   config.model.d_model = 768
   config.model.num_heads = 12
   config.model.num_layers = 12
@@ -24,6 +26,7 @@ def get_config():
   config.train.steps = 60_000
   config.train.stage1_steps = 6_000
   config.train.batch_size = 512
+  config.train.microbatches = 8
   config.train.seq_len = 1024
   config.train.learning_rate = 6e-4
   config.train.warmup_steps = 2_000

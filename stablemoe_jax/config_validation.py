@@ -34,6 +34,9 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
   _require(0 <= train.warmup_steps < train.steps,
            f"train.warmup_steps={train.warmup_steps} must lie in [0, train.steps={train.steps}).")
   _require(train.batch_size > 0, f"train.batch_size={train.batch_size} must be positive.")
+  _require(train.microbatches > 0 and train.batch_size % train.microbatches == 0,
+           f"train.batch_size={train.batch_size} must be a positive multiple of "
+           f"train.microbatches={train.microbatches}.")
   _require(train.learning_rate > 0, f"train.learning_rate={train.learning_rate} must be positive.")
   for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     _require(train[key] > 0, f"train.{key}={train[key]} must be positive.")

@@ -13,17 +13,24 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.data import DataNotFoundError
 from stablemoe_jax.train import loop
+from stablemoe_jax.train.checkpoint import CheckpointMismatchError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, tokenizer and data.")
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"], "train (resumes if possible) or eval a checkpoint.")
 _STEP = flags.DEFINE_integer("step", None, "--mode=eval: checkpoint step to restore (default: latest).")
 _SPLIT = flags.DEFINE_enum("split", "valid", ["valid", "test"], "--mode=eval: split to evaluate.")
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "host:port of process 0 for multi-host runs (see launch/).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in a multi-host run.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Multi-process run: call jax.distributed.initialize (it detects SLURM and "
+    "Open MPI by itself; elsewhere give the three flags below). See launch/.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0 to num_processes - 1.")
+# Errors whose message names the problem and the fix; a traceback would add nothing.
+USER_ERRORS = (ConfigError, DataNotFoundError, CheckpointMismatchError, loop.NonFiniteLossError, FileNotFoundError)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -31,21 +38,33 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save step at INFO
-  if _COORDINATOR.value:
+  if _DISTRIBUTED.value or _COORDINATOR.value:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  print(f"devices: {jax.devices()}", flush=True)
+  if jax.process_index() == 0:
+    print(f"{jax.process_count()} process(es), devices: {jax.devices()}", flush=True)
   if _MODE.value == "train":
     result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   else:
     result = loop.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value, _SPLIT.value)
-  print(json.dumps(result, indent=2))
+  if jax.process_index() == 0:
+    print(json.dumps(result, indent=2))
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """Parses the flags so that a mistyped config key is one clear line, not a traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError, flags.Error) as error:
+    message = str(error).strip("'\"").replace("\\n", " ").replace("\n", " ")
+    print(f"error: bad flag or config override: {message}\n"
+          f"Every config key is listed in the file given to --config.", file=sys.stderr)
+    sys.exit(2)
 
 
 def run() -> None:
   try:
-    app.run(main)
-  except (ValueError, FileNotFoundError, FloatingPointError) as error:
-    # Config, data and checkpoint errors carry their fix in the message; a traceback adds nothing.
+    app.run(main, flags_parser=_parse_flags)
+  except USER_ERRORS as error:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)
 

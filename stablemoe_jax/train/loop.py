@@ -16,6 +16,7 @@ import tqdm
 from stablemoe_jax import data as data_lib
 from stablemoe_jax.config_validation import validate_config
 from stablemoe_jax.models.transformer import TransformerLM
+from stablemoe_jax.parallel import data_parallel as dp
 from stablemoe_jax.train import checkpoint as ckpt_lib
 from stablemoe_jax.train.metrics import MetricWriter
 from stablemoe_jax.train.optimizer import make_optimizer
@@ -37,12 +38,21 @@ class Experiment:
     validate_config(config)
     self.workdir = pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
-    self.data = data_lib.load_lm_data(config.data, self.workdir / "data")
+    self.mesh = dp.make_mesh()
+    dp.check_batch_divides(config.train.batch_size // config.train.microbatches,
+                           "train.batch_size / train.microbatches", self.mesh)
+    dp.check_batch_divides(config.eval.batch_size, "eval.batch_size", self.mesh)
+    if jax.process_index() == 0:  # prepares tokenizer and records once; the others then read them
+      self.data = data_lib.load_lm_data(config.data, self.workdir / "data")
+    dp.barrier("data prepared")
+    if jax.process_index() != 0:
+      self.data = data_lib.load_lm_data(config.data, self.workdir / "data")
     validate_config(config, data_vocab_size=self.data.vocab_size)
     self.config = config = ml_collections.ConfigDict(config.to_dict())
     if not config.model.vocab_size:
       config.model.vocab_size = self.data.vocab_size
-    (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+    if jax.process_index() == 0:
+      (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     self.model = TransformerLM(config.model)
     self.tx = make_optimizer(config.train)
     self.checkpointer = ckpt_lib.Checkpointer(
@@ -51,7 +61,21 @@ class Experiment:
     self.eval_step = jax.jit(make_eval_step(self.model))
 
   def init_state(self) -> TrainState:
-    return create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len)
+    """A fresh state, replicated over the mesh."""
+    return create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len,
+                              dp.replicated(self.mesh))
+
+  def jit_train_step(self):
+    replicated = dp.replicated(self.mesh)
+    return jax.jit(make_train_step(self.model, self.tx, self.config), donate_argnums=0,
+                   in_shardings=(replicated, dp.batch_sharding(self.mesh)),
+                   out_shardings=(replicated, replicated))
+
+  def train_batches(self):
+    """This process's share of every train batch, as a resumable grain iterator."""
+    train = self.config.train
+    return self.data.train_iterator(train.batch_size, train.seq_len, self.config.seed,
+                                    shard_index=jax.process_index(), shard_count=jax.process_count())
 
   def abstract_state(self) -> TrainState:
     return jax.eval_shape(self.init_state)
@@ -59,7 +83,7 @@ class Experiment:
   def evaluate(self, params, split: str, max_batches: int = 0) -> dict[str, float]:
     """Perplexity on ``split`` with the inference routing; ``max_batches > 0`` evaluates a prefix."""
     cfg = self.config.eval
-    batches: Iterable = self.data.eval_batches(split, cfg.batch_size, cfg.seq_len)
+    batches: Iterable = dp.global_batches(self.data.eval_batches(split, cfg.batch_size, cfg.seq_len), self.mesh)
     nll, tokens = 0.0, 0.0
     for i, batch in enumerate(batches):
       if max_batches > 0 and i >= max_batches:
@@ -95,23 +119,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   cfg = exp.config
   train_cfg = cfg.train
   state = exp.init_state()
-  train_iter = exp.data.train_iterator(train_cfg.batch_size, train_cfg.seq_len, cfg.seed)
+  train_iter = exp.train_batches()
   start = exp.checkpointer.latest_step
   if start is not None:
     state, data_state = exp.checkpointer.restore(start, ckpt_lib.abstract_like(state))
     train_iter.set_state(data_state)
     print(f"resumed from the checkpoint at step {start} in {exp.workdir}", flush=True)
   start = start or 0
-  writer = MetricWriter(exp.workdir, resume_step=start)
-  train_step = jax.jit(make_train_step(exp.model, exp.tx, cfg), donate_argnums=0)
+  is_chief = jax.process_index() == 0
+  writer = MetricWriter(exp.workdir, resume_step=start) if is_chief else None
+  train_step = exp.jit_train_step()
   tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
   last_checkpoint = start if start else None
   started = time.time()
   window_start, window_metrics = time.time(), []
-  progress = tqdm.tqdm(total=train_cfg.steps, initial=start, desc="train", dynamic_ncols=True, mininterval=1.0)
+  progress = tqdm.tqdm(total=train_cfg.steps, initial=start, desc="train", dynamic_ncols=True, mininterval=1.0,
+                       disable=not is_chief)
   try:
     for step in range(start + 1, train_cfg.steps + 1):
-      state, metrics = train_step(state, next(train_iter))
+      state, metrics = train_step(state, dp.to_global(next(train_iter), exp.mesh))
       window_metrics.append(metrics)
       progress.update(1)
       if step % train_cfg.log_every == 0 or step == train_cfg.steps:
@@ -121,13 +147,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         elapsed = time.time() - window_start
         averaged["tokens_per_second"] = len(window) * tokens_per_step / elapsed
         _check_finite(float(averaged["loss"]), step, last_checkpoint)
-        writer.write(step, averaged)
+        if writer:
+          writer.write(step, averaged)
         progress.set_postfix(loss=f"{averaged['task_loss']:.3f}", stage=int(averaged["stage"]),
                              tok_s=f"{averaged['tokens_per_second']:.0f}")
         window_start, window_metrics = time.time(), []
       if step % train_cfg.eval_every == 0 and step != train_cfg.steps:
         valid = exp.evaluate(state.params, "valid", train_cfg.eval_batches)
-        writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"]})
+        if writer:
+          writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"]})
         progress.write(f"step {step}: valid perplexity {valid['perplexity']:.2f}")
       if stop_at_step is not None and step == stop_at_step:
         return {"stopped_at_step": step}
@@ -144,13 +172,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         "valid": exp.evaluate(state.params, "valid"),
         "test": exp.evaluate(state.params, "test"),
     }
-    (exp.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if is_chief:
+      (exp.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
   finally:
     progress.close()
     exp.checkpointer.wait()
     exp.checkpointer.close()
-    writer.close()
+    if writer:
+      writer.close()
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,

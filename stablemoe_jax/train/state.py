@@ -28,10 +28,11 @@ def in_stage1(step: jax.Array, stage1_steps: int) -> jax.Array:
   return step < stage1_steps
 
 
-def create_train_state(model, tx: optax.GradientTransformation, seed: int, seq_len: int) -> TrainState:
-  """Initialises parameters and optimizer state under jit."""
+def create_train_state(model, tx: optax.GradientTransformation, seed: int, seq_len: int,
+                       sharding: jax.sharding.Sharding | None = None) -> TrainState:
+  """Initialises parameters and optimizer state under jit, placed with ``sharding``."""
   def init():
     tokens = jnp.zeros((1, seq_len), jnp.int32)
     params = model.init(jax.random.key(seed), tokens, jnp.array(True))["params"]
     return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
-  return jax.jit(init)()
+  return jax.jit(init, out_shardings=sharding)()

@@ -31,15 +31,18 @@ def _sum_named(flat: dict[str, jax.Array], name: str) -> jax.Array:
 
 
 def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable[[TrainState, Batch], tuple]:
-  """Builds the train step for ``model`` and ``tx``; jit it with ``donate_argnums=0``."""
+  """Builds the train step for ``model`` and ``tx``; jit it with ``donate_argnums=0``.
+
+  With ``train.microbatches = M > 1`` the batch [B, S] is split into M
+  microbatches of [B / M, S] whose gradients are averaged before one update
+  (routing and capacity then act per microbatch, as per device batch in fairseq).
+  """
   stage1_steps = config.train.stage1_steps
+  microbatches = config.train.microbatches
   schedule = learning_rate_schedule(config.train)
   base_key = jax.random.key(config.seed)
 
-  def train_step(state: TrainState, batch: Batch):
-    stage1 = in_stage1(state.step, stage1_steps)
-    dropout_key = jax.random.fold_in(base_key, state.step)
-
+  def grads_and_metrics(params, batch: Batch, stage1: jax.Array, dropout_key: jax.Array):
     def loss_fn(params):
       logits, sown = model.apply(
           {"params": params}, batch["inputs"], stage1, deterministic=False,
@@ -50,19 +53,38 @@ def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable
       aux = _flatten(sown.get(AUX_LOSS, {}))
       return task_loss + sum(aux.values(), jnp.zeros(())), (task_loss, aux, _flatten(sown.get(METRICS, {})))
 
-    (loss, (task_loss, aux, moe_metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    (loss, (task_loss, aux, moe_metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     metrics = {
         "loss": loss,
         "task_loss": task_loss,
         "balance_loss": _sum_named(aux, "balance"),
         "distill_loss": _sum_named(aux, "distill"),
-        "grad_norm": optax.global_norm(grads),
-        "learning_rate": schedule(state.step),
-        "stage": jnp.where(stage1, 1, 2),
         **{f"moe/{k}": v for k, v in moe_metrics.items()},
     }
+    return grads, metrics
+
+  def train_step(state: TrainState, batch: Batch):
+    stage1 = in_stage1(state.step, stage1_steps)
+    dropout_key = jax.random.fold_in(base_key, state.step)
+    if microbatches == 1:
+      grads, metrics = grads_and_metrics(state.params, batch, stage1, dropout_key)
+    else:
+      # Microbatch m takes rows m, m + M, ...: an even share of every device's rows.
+      split = jax.tree.map(lambda x: x.reshape(-1, microbatches, *x.shape[1:]).swapaxes(0, 1), batch)
+
+      def accumulate(grad_sum, micro):
+        micro_batch, index = micro
+        grads, metrics = grads_and_metrics(state.params, micro_batch, stage1, jax.random.fold_in(dropout_key, index))
+        return jax.tree.map(jnp.add, grad_sum, grads), metrics
+
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      grad_sum, stacked = jax.lax.scan(accumulate, zeros, (split, jnp.arange(microbatches)))
+      grads = jax.tree.map(lambda g: g / microbatches, grad_sum)
+      metrics = jax.tree.map(lambda m: m.mean(axis=0), stacked)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics.update(grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step),
+                   stage=jnp.where(stage1, 1, 2))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   return train_step

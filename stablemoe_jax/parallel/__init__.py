@@ -1,0 +1,1 @@
+"""Device meshes and the placement of batches and state across devices and hosts."""

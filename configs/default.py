@@ -23,7 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_layers = 4
   config.model.d_ff = 1024
   config.model.max_len = 128
-  config.model.dropout = 0.1
+  config.model.dropout = 0.05
   config.model.dtype = "float32"
 
   config.model.moe = ml_collections.ConfigDict()
@@ -46,7 +46,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.batch_size = 16
   config.train.microbatches = 1  # >1: accumulate gradients over batch_size / microbatches rows at a time
   config.train.seq_len = 128
-  config.train.learning_rate = 1e-3
+  config.train.learning_rate = 2e-3
   config.train.warmup_steps = 100
   config.train.adam_b1 = 0.9
   config.train.adam_b2 = 0.98

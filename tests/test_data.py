@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import shutil
 import time
@@ -24,19 +23,10 @@ SEQ_LEN = 35
 BATCH = 8
 
 
-def _shared_data_dir() -> pathlib.Path:
-  env = os.environ.get(locate.ENV_VAR)
-  if env:
-    return pathlib.Path(env)
-  return pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data'
-
-
 @pytest.fixture(scope='session')
-def shared_data() -> pathlib.Path:
-  path = _shared_data_dir()
-  if not (path / 'ptb' / 'ptb.train.txt').is_file():
-    pytest.skip(f'Real corpora not found at {path}; set {locate.ENV_VAR}.')
-  return path
+def shared_data(ptb_dir) -> pathlib.Path:
+  """The shared corpora folder (conftest.py finds it, or fails saying how to point at it)."""
+  return ptb_dir
 
 
 @pytest.fixture(scope='session')

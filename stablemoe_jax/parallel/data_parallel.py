@@ -15,6 +15,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from stablemoe_jax.config_validation import ConfigError
+
 DATA_AXIS = "data"
 
 
@@ -33,9 +35,9 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def check_batch_divides(batch_size: int, what: str, mesh: Mesh) -> None:
-  """Raises ValueError unless ``batch_size`` rows split evenly over the mesh's devices."""
+  """Raises ConfigError unless ``batch_size`` rows split evenly over the mesh's devices."""
   if batch_size % mesh.size:
-    raise ValueError(f"{what}={batch_size} must be a multiple of the number of devices ({mesh.size}).")
+    raise ConfigError(f"{what}={batch_size} must be a multiple of the number of devices ({mesh.size}).")
 
 
 def to_global(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:

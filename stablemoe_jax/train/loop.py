@@ -8,7 +8,6 @@ import time
 from typing import Iterable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm

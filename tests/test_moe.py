@@ -177,3 +177,26 @@ def test_index_dispatch_matches_one_hot_dispatch():
   y = jax.random.normal(jax.random.key(2), (experts, capacity, 3))
   np.testing.assert_allclose(disp.combine(y), np.einsum("tec,ecd->td", mask, y), atol=1e-6)
   np.testing.assert_array_equal(disp.kept, mask.sum((1, 2)) == 1)
+
+
+@pytest.mark.parametrize("placement, blocks_before, sublayers", [
+    ("bottom", [0], 3), ("middle", [2], 3), ("top", [4], 3), ("scattered", [1, 2, 3], 1),
+])
+def test_moe_placement_puts_layers_between_the_right_blocks(placement, blocks_before, sublayers):
+  from configs import default
+  from stablemoe_jax.models.transformer import TransformerLM, moe_positions
+  config = default.get_config().model
+  config.vocab_size, config.d_model, config.num_heads, config.num_layers, config.d_ff = VOCAB, D, 2, 4, FF
+  config.max_len, config.moe.num_experts, config.moe.sublayers_per_expert = 8, E, 3
+  config.moe.placement = placement
+  assert list(moe_positions(4, placement)) == blocks_before
+  tokens = jnp.zeros((1, 8), jnp.int32)
+  model = TransformerLM(config)
+  params = model.init(jax.random.key(0), tokens, jnp.array(True))["params"]
+  moe_names = sorted(k for k in params if k.startswith("moe_"))
+  assert moe_names == [f"moe_{i}" for i in range(len(blocks_before))]
+  assert all(params[name]["experts"]["w_in"].shape[:2] == (E, sublayers) for name in moe_names)
+  # Flax records submodules in call order: each MoE layer sits right after `blocks_before` blocks.
+  order = [k for k in params if k.startswith(("moe_", "block_"))]
+  for name, before in zip(moe_names, blocks_before):
+    assert sum(k.startswith("block_") for k in order[: order.index(name)]) == before

@@ -9,7 +9,7 @@ import pytest
 from configs import default
 
 SHARED_DATA = pathlib.Path(os.environ.get("STABLEMOE_DATA_DIR") or
-                           pathlib.Path(__file__).resolve().parents[2] / "shared" / "data")
+                           pathlib.Path(__file__).resolve().parents[2] / "shared" / "data").resolve()
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ the MoE layer, dispatch, experts and train step stay as they are.
 """
 from __future__ import annotations
 
-from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -69,7 +68,7 @@ class StableMoERouter(nn.Module):
     return Routing(expert_index=expert_index, gate=gate)
 
 
-def make_router(name: str, *, num_experts: int, vocab_size: int, router_config) -> Callable[..., nn.Module]:
+def make_router(name: str, *, num_experts: int, vocab_size: int, router_config) -> nn.Module:
   """Builds the router module called ``name`` from the ``model.moe`` config."""
   if name == "stablemoe":
     return StableMoERouter(

@@ -156,6 +156,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         if writer:
           writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"]})
         progress.write(f"step {step}: valid perplexity {valid['perplexity']:.2f}")
+        window_start = time.time()  # tokens/s counts training time only
       if stop_at_step is not None and step == stop_at_step:
         return {"stopped_at_step": step}
       if step % train_cfg.checkpoint_every == 0 or step == train_cfg.steps:

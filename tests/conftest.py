@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 import pytest
 
 from configs import default
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
+MAIN = [sys.executable, "-m", "stablemoe_jax.main", "--config", "configs/default.py"]  # run from REPO
 SHARED_DATA = pathlib.Path(os.environ.get("STABLEMOE_DATA_DIR") or
                            pathlib.Path(__file__).resolve().parents[2] / "shared" / "data").resolve()
 
@@ -41,3 +44,13 @@ def make_tiny_config(data_dir: pathlib.Path):
 @pytest.fixture
 def tiny_config(ptb_dir):
   return make_tiny_config(ptb_dir)
+
+
+def tiny_flags(steps: int, stage1_steps: int, warmup_steps: int, log_every: int, checkpoint_every: int) -> list[str]:
+  """Command-line overrides that shrink configs/default.py to a tiny model, as a user would type them."""
+  return ["--config.model.d_model=32", "--config.model.num_heads=2", "--config.model.num_layers=2",
+          "--config.model.d_ff=64", "--config.model.max_len=16", "--config.model.moe.num_experts=4",
+          f"--config.train.steps={steps}", f"--config.train.stage1_steps={stage1_steps}",
+          f"--config.train.warmup_steps={warmup_steps}", "--config.train.batch_size=4",
+          "--config.train.seq_len=16", "--config.eval.seq_len=16", f"--config.train.log_every={log_every}",
+          "--config.train.eval_every=1000", f"--config.train.checkpoint_every={checkpoint_every}"]

@@ -3,21 +3,17 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
+from conftest import MAIN, REPO, tiny_flags
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
-
-def run_main(args, env=None, **kwargs):
-  return subprocess.run([sys.executable, "-m", "stablemoe_jax.main", "--config", "configs/default.py", *args],
-                        cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                        timeout=600, **kwargs)
+def run_main(args, env=None):
+  return subprocess.run([*MAIN, *args], cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True,
+                        text=True, timeout=600)
 
 
 def test_unknown_config_key_is_one_clear_error(tmp_path):
@@ -40,11 +36,7 @@ def test_missing_data_names_the_fix(tmp_path):
     assert fix in result.stderr
 
 
-TINY = ["--config.model.d_model=32", "--config.model.num_heads=2", "--config.model.num_layers=2",
-        "--config.model.d_ff=64", "--config.model.max_len=16", "--config.model.moe.num_experts=4",
-        "--config.train.steps=40", "--config.train.stage1_steps=20", "--config.train.warmup_steps=4",
-        "--config.train.batch_size=4", "--config.train.seq_len=16", "--config.eval.seq_len=16",
-        "--config.train.log_every=5", "--config.train.eval_every=1000", "--config.train.checkpoint_every=5"]
+TINY = tiny_flags(steps=40, stage1_steps=20, warmup_steps=4, log_every=5, checkpoint_every=5)
 
 
 @pytest.mark.slow
@@ -53,8 +45,7 @@ def test_kill_9_mid_run_then_rerun_matches_uninterrupted_run(ptb_dir, tmp_path):
   full = run_main(["--workdir", str(tmp_path / "full"), *TINY], env=env)
   assert full.returncode == 0, full.stderr
   killed_dir = tmp_path / "killed"
-  process = subprocess.Popen([sys.executable, "-m", "stablemoe_jax.main", "--config", "configs/default.py",
-                              "--workdir", str(killed_dir), *TINY], cwd=REPO, env={**os.environ, **env},
+  process = subprocess.Popen([*MAIN, "--workdir", str(killed_dir), *TINY], cwd=REPO, env={**os.environ, **env},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 300
   while not (killed_dir / "checkpoints" / "15").exists() and time.time() < deadline:

@@ -3,18 +3,16 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
+from conftest import MAIN, REPO, tiny_flags
 
 from stablemoe_jax.train import loop
 from stablemoe_jax.train.step import make_train_step
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 TRAIN_TINY = """
 import json, sys
@@ -46,18 +44,14 @@ def test_two_device_data_parallel_run_matches_one_device(ptb_dir, tmp_path):
 
 @pytest.mark.slow
 def test_two_process_launch_matches_single_process(ptb_dir, tmp_path):
-  tiny = ["--config.model.d_model=32", "--config.model.num_heads=2", "--config.model.num_layers=2",
-          "--config.model.d_ff=64", "--config.model.max_len=16", "--config.model.moe.num_experts=4",
-          "--config.train.steps=8", "--config.train.stage1_steps=4", "--config.train.warmup_steps=2",
-          "--config.train.batch_size=4", "--config.train.seq_len=16", "--config.eval.seq_len=16",
-          "--config.train.log_every=2", "--config.train.eval_every=1000", "--config.train.checkpoint_every=4"]
+  tiny = tiny_flags(steps=8, stage1_steps=4, warmup_steps=2, log_every=2, checkpoint_every=4)
   env = {**os.environ, "STABLEMOE_DATA_DIR": str(ptb_dir), "JAX_PLATFORMS": "cpu"}
-  common = ["--config", "configs/default.py", *tiny]
-  single = subprocess.run([sys.executable, "-m", "stablemoe_jax.main", "--workdir", str(tmp_path / "single"),
-                           *common], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  single = subprocess.run([*MAIN, "--workdir", str(tmp_path / "single"), *tiny], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
   assert single.returncode == 0, single.stderr[-3000:]
-  multi = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", "--workdir", str(tmp_path / "multi"),
-                          *common], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  multi = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", "--config", "configs/default.py",
+                          "--workdir", str(tmp_path / "multi"), *tiny], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=600)
   assert multi.returncode == 0, multi.stderr[-3000:]
   read = lambda d: json.loads((tmp_path / d / "summary.json").read_text())
   assert read("multi")["valid"]["loss"] == pytest.approx(read("single")["valid"]["loss"], rel=1e-4)

@@ -5,7 +5,6 @@ the MoE layer, dispatch, experts and train step stay as they are.
 """
 from __future__ import annotations
 
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp

@@ -57,8 +57,8 @@ def main():
 
   cfg = ml_collections.ConfigDict(dict(
       router="stablemoe", num_experts=args.experts, capacity_factor=args.capacity_factor,
-      eval_capacity_factor=args.capacity_factor, balance_alpha=0.3, distill_weight=1.0, distill_dim=50,
-      centroid_gain=0.1))
+      eval_capacity_factor=args.capacity_factor,
+      stablemoe=dict(balance_alpha=0.3, distill_weight=1.0, distill_dim=50, centroid_gain=0.1)))
   x = jax.random.normal(jax.random.key(0), (1, args.tokens, args.d_model))
   ids = jax.random.randint(jax.random.key(1), (1, args.tokens), 0, 10000)
   layer = MoELayer(cfg, 10000, args.sublayers, args.d_ff)

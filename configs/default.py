@@ -35,10 +35,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.moe.d_ff = 0  # 0 -> model.d_ff
   config.model.moe.capacity_factor = 2.0
   config.model.moe.eval_capacity_factor = 0.0  # <= 0: no token is dropped at evaluation
-  config.model.moe.balance_alpha = 0.3
-  config.model.moe.distill_weight = 1.0  # the paper; the authors' code uses 0.3
-  config.model.moe.distill_dim = 50
-  config.model.moe.centroid_gain = 0.1
+  # Each router's own settings, read (and validated) only when that router is chosen.
+  config.model.moe.stablemoe = ml_collections.ConfigDict()
+  config.model.moe.stablemoe.balance_alpha = 0.3
+  config.model.moe.stablemoe.distill_weight = 1.0  # the paper; the authors' code uses 0.3
+  config.model.moe.stablemoe.distill_dim = 50
+  config.model.moe.stablemoe.centroid_gain = 0.1
 
   config.train = ml_collections.ConfigDict()
   config.train.steps = 850

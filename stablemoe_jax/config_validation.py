@@ -58,13 +58,16 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
     )
   if moe.enabled:
     _require(moe.num_experts > 0, f"model.moe.num_experts={moe.num_experts} must be positive.")
-    _require(moe.router in ROUTERS, f"model.moe.router={moe.router!r} is unknown; choose one of {ROUTERS}.")
+    _require(moe.router in ROUTERS, f"model.moe.router={moe.router!r} is unknown; choose one of {sorted(ROUTERS)}.")
     _require(moe.placement in PLACEMENTS,
              f"model.moe.placement={moe.placement!r} is unknown; choose one of {PLACEMENTS}.")
     _require(moe.capacity_factor > 0,
              f"model.moe.capacity_factor={moe.capacity_factor} must be > 0 (the paper's code uses 2.0).")
     _require(moe.sublayers_per_expert > 0,
              f"model.moe.sublayers_per_expert={moe.sublayers_per_expert} must be positive.")
-    _require(moe.distill_dim > 0, f"model.moe.distill_dim={moe.distill_dim} must be positive.")
-    _require(moe.balance_alpha >= 0 and moe.distill_weight >= 0,
-             "model.moe.balance_alpha and model.moe.distill_weight must be >= 0.")
+    stablemoe = moe.stablemoe
+    if moe.router == "stablemoe":
+      _require(stablemoe.distill_dim > 0,
+               f"model.moe.stablemoe.distill_dim={stablemoe.distill_dim} must be positive.")
+      _require(stablemoe.balance_alpha >= 0 and stablemoe.distill_weight >= 0,
+               "model.moe.stablemoe.balance_alpha and model.moe.stablemoe.distill_weight must be >= 0.")

@@ -16,8 +16,8 @@ D, FF, E, SUB, VOCAB = 8, 16, 4, 2, 11
 def moe_config(capacity_factor=2.0, eval_capacity_factor=0.0):
   return ml_collections.ConfigDict(dict(
       router="stablemoe", num_experts=E, capacity_factor=capacity_factor,
-      eval_capacity_factor=eval_capacity_factor, balance_alpha=0.3, distill_weight=1.0,
-      distill_dim=5, centroid_gain=0.1, d_ff=FF,
+      eval_capacity_factor=eval_capacity_factor, d_ff=FF,
+      stablemoe=dict(balance_alpha=0.3, distill_weight=1.0, distill_dim=5, centroid_gain=0.1),
   ))
 
 

@@ -61,7 +61,7 @@ def test_two_process_launch_matches_single_process(ptb_dir, tmp_path):
 def test_microbatch_accumulation_matches_one_batch(tiny_config, tmp_path):
   # Without dropout, balance loss or dropped tokens a step's result cannot depend on how the batch is split.
   tiny_config.model.dropout = 0.0
-  tiny_config.model.moe.balance_alpha = 0.0
+  tiny_config.model.moe.stablemoe.balance_alpha = 0.0
   tiny_config.model.moe.capacity_factor = 4.0
   tiny_config.train.warmup_steps = 0  # the first update moves the parameters
   exp = loop.Experiment(tiny_config, tmp_path)

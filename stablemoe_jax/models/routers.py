@@ -67,19 +67,23 @@ class StableMoERouter(nn.Module):
     return Routing(expert_index=expert_index, gate=gate)
 
 
-def make_router(name: str, *, num_experts: int, vocab_size: int, router_config) -> nn.Module:
-  """Builds the router module called ``name`` from the ``model.moe`` config."""
-  if name == "stablemoe":
-    return StableMoERouter(
-        num_experts=num_experts,
-        vocab_size=vocab_size,
-        distill_dim=router_config.distill_dim,
-        balance_alpha=router_config.balance_alpha,
-        distill_weight=router_config.distill_weight,
-        centroid_gain=router_config.centroid_gain,
-        name="router",
-    )
-  raise ValueError(f"unknown router {name!r}; choose one of {sorted(ROUTERS)}")
+def _stablemoe(settings, *, num_experts: int, vocab_size: int) -> nn.Module:
+  return StableMoERouter(
+      num_experts=num_experts, vocab_size=vocab_size, distill_dim=settings.distill_dim,
+      balance_alpha=settings.balance_alpha, distill_weight=settings.distill_weight,
+      centroid_gain=settings.centroid_gain, name="router",
+  )
 
 
-ROUTERS = ("stablemoe",)
+# name -> builder(settings, *, num_experts, vocab_size); settings is the config section ``model.moe.<name>``.
+ROUTERS = {
+    "stablemoe": _stablemoe,
+}
+
+
+def make_router(moe_config, *, vocab_size: int) -> nn.Module:
+  """Builds the router named by ``moe_config.router`` from its own section ``moe_config[router]``."""
+  name = moe_config.router
+  if name not in ROUTERS:
+    raise ValueError(f"unknown router {name!r}; choose one of {sorted(ROUTERS)}")
+  return ROUTERS[name](moe_config[name], num_experts=moe_config.num_experts, vocab_size=vocab_size)

@@ -14,7 +14,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from stablemoe_jax.config_validation import ConfigError
-from stablemoe_jax.data import DataNotFoundError
+from stablemoe_jax.data import DataError, DataNotFoundError
 from stablemoe_jax.train import loop
 from stablemoe_jax.train.checkpoint import CheckpointMismatchError
 
@@ -29,8 +29,18 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0 to num_processes - 1.")
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout_seconds", 10, "Multi-process: a process that has not been heard from for this long is "
+    "taken as dead and every other process stops with an error (JAX's default is 100).")
+_SHUTDOWN_TIMEOUT = flags.DEFINE_integer(
+    "shutdown_timeout_seconds", 30, "Multi-process: how long a finishing process waits for the others at exit.")
+_INIT_TIMEOUT = flags.DEFINE_integer(
+    "initialization_timeout", 300, "Multi-process: seconds to wait for every process to join at start.")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", None, "Number of CPU devices this process gets (sets jax_num_cpu_devices before JAX starts), "
+    "to try a mesh on a laptop; same as XLA_FLAGS=--xla_force_host_platform_device_count=N.")
 # Errors whose message names the problem and the fix; a traceback would add nothing.
-USER_ERRORS = (ConfigError, DataNotFoundError, CheckpointMismatchError, loop.NonFiniteLossError, FileNotFoundError)
+USER_ERRORS = (ConfigError, DataError, DataNotFoundError, CheckpointMismatchError, loop.NonFiniteLossError, FileNotFoundError)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -38,8 +48,15 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save step at INFO
+  if _CPU_DEVICES.value is not None:
+    if _CPU_DEVICES.value < 1:
+      raise app.UsageError(f"--cpu_devices={_CPU_DEVICES.value} must be a positive number of devices.")
+    jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
   if _DISTRIBUTED.value or _COORDINATOR.value:
-    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                               initialization_timeout=_INIT_TIMEOUT.value,
+                               heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
+                               shutdown_timeout_seconds=_SHUTDOWN_TIMEOUT.value)
   if jax.process_index() == 0:
     print(f"{jax.process_count()} process(es), devices: {jax.devices()}", flush=True)
   if _MODE.value == "train":

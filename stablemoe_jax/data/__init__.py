@@ -14,7 +14,7 @@ whose `train_iterator(batch_size, seq_len, seed)` and
 Nothing downloads implicitly; see `stablemoe_jax.data.download` for PTB.
 """
 
-from stablemoe_jax.data.locate import DataNotFoundError, corpus_files, resolve_data_dir
+from stablemoe_jax.data.locate import DataError, DataNotFoundError, corpus_files, resolve_data_dir
 from stablemoe_jax.data.pipeline import LMData, eval_batches, load_lm_data, train_iterator
 from stablemoe_jax.data.tokenizers import (
     SentencePieceTokenizer,
@@ -25,6 +25,7 @@ from stablemoe_jax.data.tokenizers import (
 )
 
 __all__ = [
+    'DataError',
     'DataNotFoundError',
     'LMData',
     'SentencePieceTokenizer',

@@ -25,6 +25,10 @@ class DataNotFoundError(FileNotFoundError):
   """The corpus directory or one of its expected files does not exist."""
 
 
+class DataError(ValueError):
+  """A corpus file or the prepared data cannot be used; the one-line message names the file and the fix."""
+
+
 def _how_to_fix(corpus: str) -> str:
   lines = [
       'Set the location with --config.data.data_dir=DIR or the environment '

@@ -45,6 +45,8 @@ import numpy as np
 from stablemoe_jax.data import blocks as blocks_lib
 from stablemoe_jax.data import builder as builder_lib
 from stablemoe_jax.data import locate
+from stablemoe_jax.data import prepared
+from stablemoe_jax.data import text
 from stablemoe_jax.data import tokenizers
 from stablemoe_jax.data.stream import FieldSource, RecordSource, TokenStream
 
@@ -166,18 +168,28 @@ def _get(config: Any, name: str, default: Any) -> Any:
 def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
   """Resolves the corpus, builds (or reuses) the tokenizer and the records, returns LMData.
 
+  Without the raw corpus (no data directory, or one without the files), the
+  tokenizer and records already prepared in `prepared_dir` are used if they
+  were prepared for this data config (see `prepared`), so evaluating or
+  resuming a run needs only its workdir.
+
   Args:
     data_config: ConfigDict with `corpus` ('ptb' | 'text'), `data_dir` (str,
       '' = $STABLEMOE_DATA_DIR), `tokenizer` ('word' | 'sentencepiece'),
       `sentencepiece_vocab_size` (int).
     prepared_dir: the run's prepared-data directory (e.g. workdir/data); gets
-      `tokenizer/` and `tfds/`. Reused on later calls (a resumed run).
+      `tokenizer/`, `tfds/` and `prepared.json`. Reused on later calls (a resumed run).
       With several processes sharing one directory, let process 0 call this
       first (then a barrier), so only one process writes.
 
   Raises:
     ValueError: unknown corpus or tokenizer value.
-    DataNotFoundError: the corpus files are missing (message says how to fix).
+    DataNotFoundError: the corpus files are missing and nothing is prepared
+      (message says how to fix).
+    BadCorpusError: a corpus file is not UTF-8 or a split has no text
+      (checked before anything is written).
+    PreparedDataMismatchError: no raw corpus, and the prepared data was built
+      for another data config.
   """
   corpus = _get(data_config, 'corpus', 'ptb')
   kind = _get(data_config, 'tokenizer', 'word')
@@ -187,19 +199,26 @@ def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
     raise ValueError(
         f'Unknown data.tokenizer {kind!r}; allowed: {", ".join(tokenizers.TOKENIZER_KINDS)}.'
     )
-  data_dir = locate.resolve_data_dir(_get(data_config, 'data_dir', ''), corpus)
-  files = locate.corpus_files(data_dir, corpus)
+  settings = {'corpus': corpus, 'tokenizer': kind,
+              'sentencepiece_vocab_size': _get(data_config, 'sentencepiece_vocab_size', None)}
   prepared_dir = pathlib.Path(prepared_dir)
+  try:
+    data_dir = locate.resolve_data_dir(_get(data_config, 'data_dir', ''), corpus)
+  except locate.DataNotFoundError:
+    if not prepared.has_manifest(prepared_dir):
+      raise
+    tokenizer, sources = prepared.load(prepared_dir, settings)
+    return LMData(tokenizer=tokenizer, vocab_size=tokenizer.vocab_size, sources=sources)
+  files = locate.corpus_files(data_dir, corpus)
+  for split, path in files.items():
+    text.check_corpus_file(path, split)
   tokenizer = tokenizers.build_tokenizer(
-      kind,
-      files['train'],
-      prepared_dir / 'tokenizer',
-      vocab_size=_get(data_config, 'sentencepiece_vocab_size', None),
-  )
+      kind, files['train'], prepared_dir / 'tokenizer', vocab_size=settings['sentencepiece_vocab_size'])
   builder = builder_lib.LmCorpus(
       split_files=files, tokenizer=tokenizer, corpus=corpus, data_dir=prepared_dir / 'tfds'
   )
   builder.prepare()
+  prepared.write_manifest(prepared_dir, settings, tokenizer, pathlib.Path(str(builder.data_dir)), list(files))
   sources = {
       split: FieldSource(builder.as_data_source(split=split), 'tokens') for split in files
   }

@@ -36,6 +36,7 @@ from typing import Protocol, runtime_checkable
 import sentencepiece as spm
 
 from stablemoe_jax.data import text
+from stablemoe_jax.data.locate import DataError
 
 EOS = '<eos>'
 UNK = '<unk>'
@@ -267,9 +268,9 @@ def build_tokenizer(
       'word', whose vocabulary is every train word plus `<eos>`.
 
   Raises:
-    ValueError: unknown kind, missing vocab_size, or `out_dir` holds a
-      tokenizer of another kind / vocab size / train file (use a fresh
-      directory or delete it).
+    ValueError: unknown kind or missing vocab_size.
+    DataError: `out_dir` holds a tokenizer of another kind / vocab size /
+      train file (use a fresh directory or delete it).
   """
   _check_kind(kind)
   if kind == 'sentencepiece' and not vocab_size:
@@ -285,7 +286,7 @@ def build_tokenizer(
     meta = json.loads(meta_path.read_text())
     stale = {k: (meta.get(k), v) for k, v in wanted.items() if meta.get(k) != v}
     if stale:
-      raise ValueError(
+      raise DataError(
           f'{out_dir} holds a tokenizer built differently '
           f'(saved vs requested: {stale}). Use a new workdir or delete {out_dir}.'
       )

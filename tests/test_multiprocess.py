@@ -1,0 +1,126 @@
+"""Several processes on this machine (jax.distributed, gloo): a dead peer stops the others in bounded time.
+
+The runs read their tokenizer and records from the workdir (prepared once here), with STABLEMOE_DATA_DIR unset.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+from conftest import MAIN, REPO, make_tiny_config, tiny_flags
+
+from stablemoe_jax.data import load_lm_data
+
+HEARTBEAT_S = 5
+TINY = tiny_flags(steps=1000, stage1_steps=5, warmup_steps=2, log_every=3, checkpoint_every=3)
+ENV = {**{k: v for k, v in os.environ.items() if k != "STABLEMOE_DATA_DIR"}, "JAX_PLATFORMS": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def prepared_data(ptb_dir, tmp_path_factory) -> pathlib.Path:
+  directory = tmp_path_factory.mktemp("prepared") / "data"
+  load_lm_data(make_tiny_config(ptb_dir).data, directory)
+  return directory
+
+
+def _workdir(prepared_data: pathlib.Path, path: pathlib.Path) -> pathlib.Path:
+  shutil.copytree(prepared_data, path / "data")
+  return path
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _children(pid: int) -> dict[int, str]:
+  """{child pid: command line} of a running process, from /proc."""
+  out = {}
+  for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+    try:
+      fields = stat.read_text().rsplit(")", 1)[1].split()
+      if int(fields[1]) == pid:
+        out[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (OSError, IndexError, ValueError):
+      continue  # exited meanwhile
+  return out
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> None:
+  deadline = time.time() + timeout_s
+  while not predicate():
+    if time.time() > deadline:
+      pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+    time.sleep(0.1)
+
+
+def _latest_checkpoint(workdir: pathlib.Path) -> int:
+  return max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+@pytest.mark.slow
+def test_killed_peer_stops_the_other_process_and_the_last_checkpoint_restores(prepared_data, tmp_path):
+  workdir = _workdir(prepared_data, tmp_path / "run")
+  port = _free_port()
+  logs = [open(tmp_path / f"process{i}.log", "w+") for i in range(2)]
+  processes = [subprocess.Popen([*MAIN, "--workdir", str(workdir), *TINY, f"--coordinator_address=127.0.0.1:{port}",
+                                 "--num_processes=2", f"--process_id={i}", f"--heartbeat_timeout_seconds={HEARTBEAT_S}"],
+                                cwd=REPO, env=ENV, stdout=logs[i], stderr=subprocess.STDOUT) for i in range(2)]
+  try:
+    _wait_for(lambda: (workdir / "checkpoints" / "3").is_dir(), 900, "the checkpoint at step 3")
+    processes[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    status = processes[0].wait(timeout=120)
+    stopped_after = time.time() - killed_at
+  finally:
+    for p in processes:
+      p.kill()
+      p.wait()
+  logs[0].seek(0)
+  log = logs[0].read()
+  assert status != 0
+  assert stopped_after < HEARTBEAT_S + 25, stopped_after  # JAX's default heartbeat alone would take 100 s
+  assert "stopped sending heartbeats" in log or "another task died" in log, log[-3000:]
+
+  last = _latest_checkpoint(workdir)
+  evaluated = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", "--config", "configs/default.py",
+                              "--workdir", str(workdir), "--mode=eval", *TINY], cwd=REPO, env=ENV,
+                             capture_output=True, text=True, timeout=600)
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  result = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])
+  assert result["step"] == last and result["tokens"] == 73759 and 1 < result["perplexity"] < 20000
+
+
+def test_launcher_stops_the_others_when_one_process_dies(prepared_data, tmp_path):
+  workdir = _workdir(prepared_data, tmp_path / "run")
+  launcher = subprocess.Popen(["bash", "launch/local_multiprocess.sh", "2", "--config", "configs/default.py",
+                               "--workdir", str(workdir), *TINY], cwd=REPO, env={**ENV, "GRACE_SECONDS": "3"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+  try:
+    _wait_for(lambda: len(_children(launcher.pid)) == 2, 60, "two processes")
+    time.sleep(2)  # let them start up
+    children = _children(launcher.pid)
+    victim = next(pid for pid, cmd in children.items() if "--process_id=1" in cmd)
+    other = next(pid for pid in children if pid != victim)
+    assert "--cpu_devices=1" in children[other]
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.time()
+    status = launcher.wait(timeout=60)
+    stopped_after = time.time() - killed_at
+  finally:
+    if launcher.poll() is None:
+      os.killpg(launcher.pid, signal.SIGKILL)
+      launcher.wait()
+  stderr = launcher.stderr.read()
+  assert status == 128 + signal.SIGKILL
+  assert f"launch: process 1 (pid {victim}) was killed by signal 9 (status 137); stopping the other 1 process(es)." in stderr
+  assert stopped_after < 3 + 10, stopped_after
+  assert not pathlib.Path(f"/proc/{other}").exists()  # stopped and reaped by the launcher

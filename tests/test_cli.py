@@ -8,7 +8,9 @@ import subprocess
 import time
 
 import pytest
-from conftest import MAIN, REPO, tiny_flags
+from conftest import MAIN, REPO, make_tiny_config, tiny_flags
+
+from stablemoe_jax.data import load_lm_data
 
 
 def run_main(args, env=None):
@@ -36,12 +38,58 @@ def test_missing_data_names_the_fix(tmp_path):
     assert fix in result.stderr
 
 
+def test_bad_corpus_is_one_line_with_status_2_and_nothing_prepared(tmp_path):
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  for split in ("train", "valid", "test"):
+    (corpus / f"{split}.txt").write_bytes(b"a b c\n")
+  (corpus / "train.txt").write_bytes("na\xefve\n".encode("latin-1"))
+  result = run_main(["--workdir", str(tmp_path / "run"), "--config.data.corpus=text",
+                     f"--config.data.data_dir={corpus}"])
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines() == [
+      f"error: {corpus / 'train.txt'}, line 1: byte 0xef at column 3 is not UTF-8; the corpus files must be UTF-8 "
+      f"text. Convert the file, e.g. `iconv -f latin1 -t utf-8 {corpus / 'train.txt'} > {corpus / 'train.txt'}.utf8` "
+      "(replace latin1 with its real encoding), and rename it."]
+  assert not (tmp_path / "run" / "data").exists()
+  (corpus / "train.txt").write_bytes(b"\n\n")
+  result = run_main(["--workdir", str(tmp_path / "run"), "--config.data.corpus=text",
+                     f"--config.data.data_dir={corpus}"])
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert result.stderr.strip() == f"error: {corpus / 'train.txt'}: the train split is empty (no line with text); " \
+      "put one sentence or segment per line in it."
+
+
+@pytest.fixture(scope="module")
+def prepared_workdir(ptb_dir, tmp_path_factory):
+  """A workdir holding prepared data and no checkpoint: `--mode=eval` prints the devices, then stops (status 2)."""
+  workdir = tmp_path_factory.mktemp("prepared")
+  load_lm_data(make_tiny_config(ptb_dir).data, workdir / "data")
+  return workdir
+
+
+@pytest.mark.parametrize("how", ["flag", "xla_flags"])
+def test_cpu_device_count_from_flag_or_xla_flags(prepared_workdir, how):
+  args = ["--workdir", str(prepared_workdir), "--mode=eval"]
+  env = {"JAX_PLATFORMS": "cpu", "STABLEMOE_DATA_DIR": str(prepared_workdir / "nowhere")}
+  if how == "flag":
+    args.append("--cpu_devices=4")
+  else:
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+  result = run_main(args, env=env)
+  devices = ", ".join(f"CpuDevice(id={i})" for i in range(4))
+  assert f"1 process(es), devices: [{devices}]" in result.stdout, result.stderr
+  assert result.returncode == 2 and "no checkpoint in" in result.stderr  # data came from the workdir alone
+
+
 TINY = tiny_flags(steps=40, stage1_steps=20, warmup_steps=4, log_every=5, checkpoint_every=5)
 
 
 @pytest.mark.slow
 def test_kill_9_mid_run_then_rerun_matches_uninterrupted_run(ptb_dir, tmp_path):
+  """The resumed run and the evaluation get no corpus: they read the tokenizer and records in the workdir."""
   env = {"STABLEMOE_DATA_DIR": str(ptb_dir)}
+  no_corpus = {"STABLEMOE_DATA_DIR": str(tmp_path / "nowhere")}
   full = run_main(["--workdir", str(tmp_path / "full"), *TINY], env=env)
   assert full.returncode == 0, full.stderr
   killed_dir = tmp_path / "killed"
@@ -52,12 +100,14 @@ def test_kill_9_mid_run_then_rerun_matches_uninterrupted_run(ptb_dir, tmp_path):
     time.sleep(0.05)
   process.send_signal(signal.SIGKILL)
   process.wait()
-  resumed = run_main(["--workdir", str(killed_dir), *TINY], env=env)
+  resumed = run_main(["--workdir", str(killed_dir), *TINY], env=no_corpus)
   assert resumed.returncode == 0, resumed.stderr
   assert "resumed from the checkpoint at step" in resumed.stdout
   summary = lambda d: json.loads((d / "summary.json").read_text())
   assert summary(killed_dir)["valid"] == summary(tmp_path / "full")["valid"]
   assert summary(killed_dir)["test"] == summary(tmp_path / "full")["test"]
-  evaluated = run_main(["--workdir", str(killed_dir), "--mode=eval", "--split=test", *TINY], env=env)
+  unset = {k: v for k, v in os.environ.items() if k != "STABLEMOE_DATA_DIR"}
+  evaluated = subprocess.run([*MAIN, "--workdir", str(killed_dir), "--mode=eval", "--split=test", *TINY], cwd=REPO,
+                             env=unset, capture_output=True, text=True, timeout=600)
   assert evaluated.returncode == 0, evaluated.stderr
   assert json.loads(evaluated.stdout[evaluated.stdout.index("{"):])["perplexity"] == summary(killed_dir)["test"]["perplexity"]

@@ -47,9 +47,12 @@ while [[ ${#rank_of[@]} -gt 0 ]]; do
   unset "rank_of[${done_pid}]"
   if [[ ${status} -ne 0 ]]; then
     how="exited with status ${status}"
-    ((status > 128)) && how="was killed by signal $((status - 128)) (status ${status})"
-    echo "launch: process ${rank} (pid ${done_pid}) ${how}; stopping the other ${#rank_of[@]} process(es)." \
-      "Rerun the same command to resume from the last checkpoint." >&2
+    hint=""
+    if ((status > 128)); then
+      how="was killed by signal $((status - 128)) (status ${status})"
+      hint=" Rerun the same command to resume from the last checkpoint."
+    fi
+    echo "launch: process ${rank} (pid ${done_pid}) ${how}; stopping the other ${#rank_of[@]} process(es).${hint}" >&2
     stop_all
     exit "${status}"
   fi

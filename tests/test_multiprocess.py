@@ -102,7 +102,8 @@ def test_killed_peer_stops_the_other_process_and_the_last_checkpoint_restores(pr
 def test_launcher_stops_the_others_when_one_process_dies(prepared_data, tmp_path):
   workdir = _workdir(prepared_data, tmp_path / "run")
   launcher = subprocess.Popen(["bash", "launch/local_multiprocess.sh", "2", "--config", "configs/default.py",
-                               "--workdir", str(workdir), *TINY], cwd=REPO, env={**ENV, "GRACE_SECONDS": "3"},
+                               "--workdir", str(workdir), *TINY], cwd=REPO,
+                              env={**ENV, "GRACE_SECONDS": "3", "DEVICES_PER_PROCESS": "2"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
   try:
     _wait_for(lambda: len(_children(launcher.pid)) == 2, 60, "two processes")
@@ -110,7 +111,7 @@ def test_launcher_stops_the_others_when_one_process_dies(prepared_data, tmp_path
     children = _children(launcher.pid)
     victim = next(pid for pid, cmd in children.items() if "--process_id=1" in cmd)
     other = next(pid for pid in children if pid != victim)
-    assert "--cpu_devices=1" in children[other]
+    assert "--cpu_devices=2" in children[other]
     os.kill(victim, signal.SIGKILL)
     killed_at = time.time()
     status = launcher.wait(timeout=60)
@@ -124,3 +125,16 @@ def test_launcher_stops_the_others_when_one_process_dies(prepared_data, tmp_path
   assert f"launch: process 1 (pid {victim}) was killed by signal 9 (status 137); stopping the other 1 process(es)." in stderr
   assert stopped_after < 3 + 10, stopped_after
   assert not pathlib.Path(f"/proc/{other}").exists()  # stopped and reaped by the launcher
+
+
+@pytest.mark.slow
+def test_launcher_gives_each_process_the_devices_asked_for(prepared_data, tmp_path):
+  """2 processes x 2 devices form one 4-device job; with no checkpoint to evaluate each stops with status 2."""
+  workdir = _workdir(prepared_data, tmp_path / "run")
+  result = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", "2", "--config", "configs/default.py",
+                           "--workdir", str(workdir), "--mode=eval"], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+  devices = "CpuDevice(id=0), CpuDevice(id=1), CpuDevice(id=2048), CpuDevice(id=2049)"
+  assert f"2 process(es), devices: [{devices}]" in result.stdout, result.stderr[-3000:]
+  assert result.returncode == 2 and "no checkpoint in" in result.stderr
+  assert "launch: process 0 (pid" in result.stderr or "launch: process 1 (pid" in result.stderr

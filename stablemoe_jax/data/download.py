@@ -55,7 +55,10 @@ def fetch(url: str, dest: pathlib.Path, timeout_s: float = 60.0) -> None:
     with urllib.request.urlopen(url, timeout=timeout_s) as response, open(dest, 'wb') as f:
       shutil.copyfileobj(response, f)
   except (urllib.error.URLError, OSError) as error:  # URLError (incl. HTTPError), timeouts, resets
-    reason = getattr(error, 'reason', None) or error
+    if isinstance(error, urllib.error.HTTPError):
+      reason = f'HTTP {error.code} {error.reason}'
+    else:
+      reason = getattr(error, 'reason', None) or error
     raise DownloadError(f'could not download {url}: {reason}') from error
 
 

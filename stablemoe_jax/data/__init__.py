@@ -12,6 +12,9 @@ whose `train_iterator(batch_size, seq_len, seed)` and
 `eval_batches(split, batch_size, seq_len)` yield dicts of numpy arrays
 `inputs` int32 [B, S], `targets` int32 [B, S], `weights` float32 [B, S].
 Nothing downloads implicitly; see `stablemoe_jax.data.download` for PTB.
+Without the raw corpus, `load_lm_data` reads the tokenizer and records
+already prepared in that directory if they match the config (`prepared`), so
+evaluating or resuming a run needs only its workdir.
 """
 
 from stablemoe_jax.data.locate import DataError, DataNotFoundError, corpus_files, resolve_data_dir

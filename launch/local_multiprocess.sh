@@ -8,6 +8,9 @@
 # When one process exits non-zero, the others are stopped (SIGTERM, then SIGKILL after GRACE_SECONDS, default 5)
 # and this script exits with that process's status. PORT overrides the coordinator port.
 set -uo pipefail
+if ((BASH_VERSINFO[0] < 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] < 1))); then
+  echo "launch: needs bash >= 5.1 (for wait -n -p), this is ${BASH_VERSION}; on macOS: brew install bash" >&2; exit 2
+fi
 cd "$(dirname "$0")/.."
 usage="usage: [DEVICES_PER_PROCESS=D] $0 NUM_PROCESSES [DEVICES_PER_PROCESS] --config FILE --workdir DIR [flags]"
 num_processes="${1:-}"

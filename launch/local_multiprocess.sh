@@ -18,7 +18,9 @@ num_processes="${1:-}"
 shift
 devices="${DEVICES_PER_PROCESS:-1}"
 if [[ $# -gt 0 && "$1" =~ ^[0-9]+$ ]]; then devices="$1"; shift; fi
-[[ "${devices}" =~ ^[1-9][0-9]*$ ]] || { echo "DEVICES_PER_PROCESS must be a positive integer, got ${devices}" >&2; exit 2; }
+if [[ ! "${devices}" =~ ^[1-9][0-9]*$ ]]; then
+  echo "DEVICES_PER_PROCESS must be a positive integer, got ${devices}" >&2; exit 2
+fi
 port="${PORT:-$((20000 + RANDOM % 20000))}"
 grace="${GRACE_SECONDS:-5}"
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"

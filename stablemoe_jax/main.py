@@ -40,7 +40,8 @@ _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "Number of CPU devices this process gets (sets jax_num_cpu_devices before JAX starts), "
     "to try a mesh on a laptop; same as XLA_FLAGS=--xla_force_host_platform_device_count=N.")
 # Errors whose message names the problem and the fix; a traceback would add nothing.
-USER_ERRORS = (ConfigError, DataError, DataNotFoundError, CheckpointMismatchError, loop.NonFiniteLossError, FileNotFoundError)
+USER_ERRORS = (ConfigError, DataError, DataNotFoundError, CheckpointMismatchError, loop.NonFiniteLossError,
+               FileNotFoundError)
 flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -71,8 +71,9 @@ def test_killed_peer_stops_the_other_process_and_the_last_checkpoint_restores(pr
   workdir = _workdir(prepared_data, tmp_path / "run")
   port = _free_port()
   logs = [open(tmp_path / f"process{i}.log", "w+") for i in range(2)]
-  processes = [subprocess.Popen([*MAIN, "--workdir", str(workdir), *TINY, f"--coordinator_address=127.0.0.1:{port}",
-                                 "--num_processes=2", f"--process_id={i}", f"--heartbeat_timeout_seconds={HEARTBEAT_S}"],
+  distributed = [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                 f"--heartbeat_timeout_seconds={HEARTBEAT_S}"]
+  processes = [subprocess.Popen([*MAIN, "--workdir", str(workdir), *TINY, *distributed, f"--process_id={i}"],
                                 cwd=REPO, env=ENV, stdout=logs[i], stderr=subprocess.STDOUT) for i in range(2)]
   try:
     _wait_for(lambda: (workdir / "checkpoints" / "3").is_dir(), 900, "the checkpoint at step 3")
@@ -123,7 +124,8 @@ def test_launcher_stops_the_others_when_one_process_dies(prepared_data, tmp_path
       launcher.wait()
   stderr = launcher.stderr.read()
   assert status == 128 + signal.SIGKILL
-  assert f"launch: process 1 (pid {victim}) was killed by signal 9 (status 137); stopping the other 1 process(es)." in stderr
+  assert (f"launch: process 1 (pid {victim}) was killed by signal 9 (status 137); "
+          "stopping the other 1 process(es).") in stderr
   assert stopped_after < 3 + 10, stopped_after
   assert not pathlib.Path(f"/proc/{other}").exists()  # stopped and reaped by the launcher
 

@@ -18,8 +18,12 @@ from stablemoe_jax.analysis import fluctuation  # noqa: E402
 from stablemoe_jax.analysis.records import ROUTINGS, RecordsNotFoundError, load_records  # noqa: E402
 
 
-def plot_curves(curves: list[tuple[str, np.ndarray, np.ndarray]], out: str | pathlib.Path, title: str = "") -> None:
-  """Draws ``(label, x % of training [K], cumulative token share [K])`` curves as steps into the PNG ``out``."""
+Curve = tuple[str, np.ndarray, np.ndarray]
+
+
+def plot_curves(curves: list[Curve], out: str | pathlib.Path, title: str = "") -> list[str]:
+  """Draws ``(label, x % of training [K], cumulative token share [K])`` curves as steps into the PNG ``out``;
+  returns the labels of the curves drawn."""
   fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
   for label, x, y in curves:
     ax.step(x, 100.0 * np.asarray(y), where="post", label=label, linewidth=1.8)
@@ -34,10 +38,12 @@ def plot_curves(curves: list[tuple[str, np.ndarray, np.ndarray]], out: str | pat
   fig.tight_layout()
   pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(out)
+  drawn = [line.get_label() for line in ax.get_lines()]
   plt.close(fig)
+  return drawn
 
 
-def run_curves(run_dirs: list[str], labels: list[str], routing: str) -> list[tuple[str, np.ndarray, np.ndarray]]:
+def run_curves(run_dirs: list[str], labels: list[str], routing: str) -> list[Curve]:
   return [(label, *fluctuation.curve_from_records(load_records(d), routing)) for d, label in zip(run_dirs, labels)]
 
 
@@ -59,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
   except RecordsNotFoundError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
-  plot_curves(curves, args.out, title=f"routing fluctuation ({args.routing} routing)")
-  print(f"wrote {args.out}")
+  drawn = plot_curves(curves, args.out, title=f"routing fluctuation ({args.routing} routing)")
+  print(f"wrote {args.out}: {len(drawn)} curves: {', '.join(drawn)}")
   return 0
 
 

@@ -155,8 +155,10 @@ def _restore(config, workdir):
   return step, state, data
 
 
+@pytest.mark.slow  # two short training runs: about 30 s on an idle 2-core machine
 def test_records_survive_stop_and_resume_exactly(recorded_run, tmp_path):
   config, full_dir, _ = recorded_run
+  shutil.copytree(full_dir / "data", tmp_path / "data")  # the prepared corpus, to save its preparation
   config = config.copy_and_resolve_references()
   config.analysis.report_at_end = False
   assert loop.train_and_evaluate(config, tmp_path, stop_at_step=7) == {"stopped_at_step": 7}
@@ -220,9 +222,11 @@ def test_analyze_mode_reproduces_the_final_cohesion_table(recorded_run, tmp_path
   assert (workdir / "analysis" / "cohesion_test_step8.md").is_file() and earlier["step"] == 8
 
 
-def test_analyze_without_a_checkpoint_names_the_fix(ptb_dir, tmp_path):
+def test_analyze_without_a_checkpoint_names_the_fix(recorded_run, tmp_path):
+  config, workdir, _ = recorded_run
+  shutil.copytree(workdir / "data", tmp_path / "data")
   with pytest.raises(FileNotFoundError, match="train first"):
-    analyze_checkpoint(_analysis_config(ptb_dir), tmp_path)
+    analyze_checkpoint(config, tmp_path)
 
 
 def test_plot_command_draws_one_curve_per_run(recorded_run, tmp_path):
@@ -234,7 +238,7 @@ def test_plot_command_draws_one_curve_per_run(recorded_run, tmp_path):
                            "--out", str(out), "--labels", "StableMoE,copy"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
   assert result.returncode == 0, result.stderr
-  assert "2 curves: StableMoE, copy" in result.stdout
+  assert "2 curve(s): StableMoE, copy" in result.stdout
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   result = subprocess.run([sys.executable, "-m", "stablemoe_jax.analysis.plot", str(tmp_path / "nothing"),
                            "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"error: {error}", file=sys.stderr)
     return 2
   drawn = plot_curves(curves, args.out, title=f"routing fluctuation ({args.routing} routing)")
-  print(f"wrote {args.out}: {len(drawn)} curves: {', '.join(drawn)}")
+  print(f"wrote {args.out}: {len(drawn)} curve(s): {', '.join(drawn)}")
   return 0
 
 

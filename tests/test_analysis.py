@@ -58,6 +58,9 @@ def test_summary_says_whether_stage2_routing_fluctuates():
   assert summary["last_fluctuation_step_max"] == 10 and summary["never_fluctuating"] == pytest.approx(1 / 3)
   summary = fluctuation.summarize(_records(STEPS, ASSIGNMENTS, stage1_steps=20), "train")["all_layers"]
   assert not summary["stage2_records_identical"] and summary["fluctuating_in_stage2"] == 0.5
+  # A run whose stage 1 covers all of training has no stage-2 records to compare.
+  summary = fluctuation.summarize(_records(STEPS, ASSIGNMENTS, stage1_steps=40))["all_layers"]
+  assert summary["stage2_records_identical"] is None
 
 
 def test_cohesion_counts_of_a_hand_routed_example():

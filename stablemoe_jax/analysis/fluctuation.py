@@ -49,7 +49,8 @@ def _layer_summary(steps: np.ndarray, assignments: np.ndarray, stage1_steps: int
       "last_fluctuation_step_max": int(last.max()),
       # Share of tokens changing expert at or after the stage boundary; 0 for StableMoE's training routing.
       "fluctuating_in_stage2": float(np.mean(last >= stage1_steps)),
-      "stage2_records_identical": bool(len(stage2) > 0 and (stage2 == stage2[0]).all()),
+      # None when fewer than two records lie in stage 2 (nothing to compare).
+      "stage2_records_identical": bool((stage2 == stage2[0]).all()) if len(stage2) > 1 else None,
   }
 
 

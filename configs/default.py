@@ -63,4 +63,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict()
   config.eval.batch_size = 32
   config.eval.seq_len = 128
+
+  # Routing analysis (README "Routing analysis"): records, fluctuation, cohesion.
+  config.analysis = ml_collections.ConfigDict()
+  config.analysis.record_every = 25  # record the routing of a fixed validation sample every N steps; 0: never
+  config.analysis.sample_tokens = 4096  # that sample: the validation split's first tokens, in rows of train.seq_len
+  config.analysis.top_tokens = 10  # cohesion table: the most frequent tokens listed per expert
+  config.analysis.report_at_end = True  # after training, write cohesion, load and fluctuation to workdir/analysis
   return config

@@ -56,6 +56,12 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
         f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's vocabulary "
         f"({data_vocab_size}); set --config.model.vocab_size=0 to use the tokenizer's size.",
     )
+  analysis = config.analysis  # routing analysis
+  _require(analysis.record_every >= 0, f"analysis.record_every={analysis.record_every} must be >= 0 (0: no records).")
+  _require(analysis.sample_tokens >= train.seq_len,
+           f"analysis.sample_tokens={analysis.sample_tokens} must be at least train.seq_len={train.seq_len} "
+           f"(the sample is whole rows of train.seq_len tokens); raise --config.analysis.sample_tokens.")
+  _require(analysis.top_tokens > 0, f"analysis.top_tokens={analysis.top_tokens} must be positive.")
   if moe.enabled:
     _require(moe.num_experts > 0, f"model.moe.num_experts={moe.num_experts} must be positive.")
     _require(moe.router in ROUTERS, f"model.moe.router={moe.router!r} is unknown; choose one of {sorted(ROUTERS)}.")

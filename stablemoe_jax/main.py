@@ -13,6 +13,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from stablemoe_jax.analysis import command as analysis_command
 from stablemoe_jax.config_validation import ConfigError
 from stablemoe_jax.data import DataError, DataNotFoundError
 from stablemoe_jax.train import loop
@@ -20,7 +21,8 @@ from stablemoe_jax.train.checkpoint import CheckpointMismatchError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, tokenizer and data.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"], "train (resumes if possible) or eval a checkpoint.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "analyze"],
+                          "train (resumes if possible), eval a checkpoint, or analyze its routing (DIR/analysis).")
 _STEP = flags.DEFINE_integer("step", None, "--mode=eval: checkpoint step to restore (default: latest).")
 _SPLIT = flags.DEFINE_enum("split", "valid", ["valid", "test"], "--mode=eval: split to evaluate.")
 _DISTRIBUTED = flags.DEFINE_bool(
@@ -62,6 +64,8 @@ def main(argv: list[str]) -> None:
     print(f"{jax.process_count()} process(es), devices: {jax.devices()}", flush=True)
   if _MODE.value == "train":
     result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  elif _MODE.value == "analyze":
+    result = analysis_command.analyze_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value, _SPLIT.value)
   else:
     result = loop.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value, _SPLIT.value)
   if jax.process_index() == 0:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from stablemoe_jax.models import dispatch, experts, routers
-from stablemoe_jax.models.routing import METRICS, expert_load
+from stablemoe_jax.models.routing import METRICS, ROUTING, expert_load
 
 
 class MoELayer(nn.Module):
@@ -47,4 +47,10 @@ class MoELayer(nn.Module):
     out = h + routing.gate[:, None].astype(h.dtype) * dispatcher.combine(expert_out)
     self.sow(METRICS, "load", expert_load(routing.expert_index, cfg.num_experts))
     self.sow(METRICS, "dropped_fraction", 1.0 - jnp.mean(dispatcher.kept.astype(jnp.float32)))
+    # Routing analysis: confidence and balance every step; per-token routing only when ROUTING is mutable.
+    self.sow(METRICS, "mean_gate", jnp.mean(routing.gate.astype(jnp.float32)))
+    load = expert_load(routing.expert_index, cfg.num_experts)
+    self.sow(METRICS, "load_entropy", jnp.sum(jax.scipy.special.entr(load)))  # nats; log N when balanced
+    self.sow(ROUTING, "expert_index", routing.expert_index)
+    self.sow(ROUTING, "gate", routing.gate)
     return out.reshape(batch, length, d)

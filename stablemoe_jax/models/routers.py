@@ -64,6 +64,8 @@ class StableMoERouter(nn.Module):
     self.sow(AUX_LOSS, "distill", stage1 * self.distill_weight * distill_loss)
     self.sow(METRICS, "distill_loss", distill_loss)
     self.sow(METRICS, "distill_accuracy", jnp.mean((distilled == greedy).astype(jnp.float32)))
+    # Routing analysis: share of tokens the frozen table sends elsewhere than the centroids' argmax (0 in stage 1).
+    self.sow(METRICS, "centroid_disagreement", jnp.mean((expert_index != greedy).astype(jnp.float32)))
     return Routing(expert_index=expert_index, gate=gate)
 
 

@@ -14,6 +14,8 @@ from flax import struct
 
 AUX_LOSS = "aux_loss"
 METRICS = "moe_metrics"
+# Per-token routing (expert_index, gate) of every MoE layer; sown only when a caller asks (routing analysis).
+ROUTING = "routing"
 
 
 class Routing(struct.PyTreeNode):

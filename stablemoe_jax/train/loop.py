@@ -13,6 +13,7 @@ import numpy as np
 import tqdm
 
 from stablemoe_jax import data as data_lib
+from stablemoe_jax.analysis.recorder import RoutingRecorder
 from stablemoe_jax.config_validation import validate_config
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import data_parallel as dp
@@ -125,6 +126,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     train_iter.set_state(data_state)
     print(f"resumed from the checkpoint at step {start} in {exp.workdir}", flush=True)
   start = start or 0
+  recorder = RoutingRecorder(exp, start)  # routing analysis: drops records past `start`, records every N steps
+  recorder.after_step(state, start)
   is_chief = jax.process_index() == 0
   writer = MetricWriter(exp.workdir, resume_step=start) if is_chief else None
   train_step = exp.jit_train_step()
@@ -137,6 +140,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   try:
     for step in range(start + 1, train_cfg.steps + 1):
       state, metrics = train_step(state, dp.to_global(next(train_iter), exp.mesh))
+      recorder.after_step(state, step)
       window_metrics.append(metrics)
       progress.update(1)
       if step % train_cfg.log_every == 0 or step == train_cfg.steps:
@@ -172,6 +176,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         "valid": exp.evaluate(state.params, "valid"),
         "test": exp.evaluate(state.params, "test"),
     }
+    analysis = recorder.finish(state, train_cfg.steps)
+    if analysis:
+      summary["analysis"] = analysis
     if is_chief:
       (exp.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

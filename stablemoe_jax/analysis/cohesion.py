@@ -1,0 +1,76 @@
+"""Cohesion (the paper's Table 7): the most frequent tokens each expert receives, and load statistics."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import scipy.stats
+
+
+class RoutingCounts:
+  """Accumulates, for one MoE layer, how often each token id goes to each expert, and the gates.
+
+  Args:
+    num_experts: N.
+    vocab_size: V.
+  """
+
+  def __init__(self, num_experts: int, vocab_size: int):
+    self.num_experts, self.vocab_size = num_experts, vocab_size
+    self.counts = np.zeros((num_experts, vocab_size), np.int64)  # [N, V]
+    self.gate_sum = np.zeros(num_experts, np.float64)  # [N]
+
+  def add(self, token_ids: np.ndarray, expert_index: np.ndarray, gate: np.ndarray | None = None,
+          mask: np.ndarray | None = None) -> None:
+    """token_ids, expert_index int [T], gate float [T], mask bool [T] (False: padding, not counted)."""
+    token_ids, expert_index = np.ravel(token_ids), np.ravel(expert_index)
+    mask = np.ones(token_ids.shape, bool) if mask is None else np.ravel(mask).astype(bool)
+    flat = expert_index[mask].astype(np.int64) * self.vocab_size + token_ids[mask]
+    self.counts += np.bincount(flat, minlength=self.num_experts * self.vocab_size).reshape(self.counts.shape)
+    if gate is not None:
+      self.gate_sum += np.bincount(expert_index[mask], weights=np.ravel(gate)[mask], minlength=self.num_experts)
+
+  def top_tokens(self, k: int, id_to_token: Callable[[int], str]) -> list[dict]:
+    """Per expert: its token count, its share of all tokens and its k most frequent tokens
+    (ties: lower id first), each with count and share of the expert's tokens."""
+    per_expert = self.counts.sum(axis=1)
+    total = max(int(per_expert.sum()), 1)
+    table = []
+    for expert, row in enumerate(self.counts):
+      order = np.argsort(-row, kind="stable")[:k]
+      n = max(int(per_expert[expert]), 1)
+      table.append({
+          "expert": expert,
+          "tokens": int(per_expert[expert]),
+          "load": int(per_expert[expert]) / total,
+          "top": [{"token": id_to_token(int(i)), "id": int(i), "count": int(row[i]), "share": int(row[i]) / n}
+                  for i in order if row[i] > 0],
+      })
+    return table
+
+  def load_stats(self) -> dict:
+    """Per-expert load, its entropy in nats (log N when balanced) and the mean gate, overall and per expert."""
+    per_expert = self.counts.sum(axis=1)
+    total = max(int(per_expert.sum()), 1)
+    load = per_expert / total
+    return {
+        "tokens": int(per_expert.sum()),
+        "load": load.tolist(),
+        "load_entropy": float(scipy.stats.entropy(load)) if per_expert.sum() else 0.0,
+        "max_entropy": float(np.log(self.num_experts)),
+        "mean_gate": float(self.gate_sum.sum() / total),
+        "mean_gate_per_expert": (self.gate_sum / np.maximum(per_expert, 1)).tolist(),
+    }
+
+
+def markdown_table(layer_tables: dict[str, list[dict]]) -> str:
+  """{layer: top_tokens(...)} -> Markdown, one table per layer."""
+  lines = []
+  for layer, table in layer_tables.items():
+    lines += [f"### {layer}", "", "| expert | load | most frequent tokens (count, share of the expert's tokens) |",
+              "|---|---|---|"]
+    for row in table:
+      tokens = ", ".join(f"`{t['token']}` ({t['count']}, {100 * t['share']:.1f}%)" for t in row["top"])
+      lines.append(f"| {row['expert']} | {100 * row['load']:.1f}% | {tokens.replace('|', '&#124;')} |")
+    lines.append("")
+  return "\n".join(lines)

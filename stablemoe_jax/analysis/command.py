@@ -1,0 +1,30 @@
+"""``--mode=analyze``: restore a checkpoint and write the run's analysis files (see ``report``)."""
+from __future__ import annotations
+
+import pathlib
+
+import ml_collections
+
+from stablemoe_jax.analysis.report import write_report
+from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.train import loop
+
+
+def analyze_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+                       step: int | None = None, split: str = "valid") -> dict:
+  """Restores the checkpoint at ``step`` (default: latest) and writes cohesion and load statistics for ``split``,
+  plus the fluctuation summary and plot of the run's routing records, into ``workdir/analysis``."""
+  if not config.model.moe.enabled:
+    raise ConfigError("model.moe.enabled is False: a dense model has no routing to analyse; "
+                      "use the config the run was trained with.")
+  exp = loop.Experiment(config, workdir)
+  try:
+    step = exp.checkpointer.latest_step if step is None else step
+    if step is None:
+      raise FileNotFoundError(
+          f"no checkpoint in {exp.workdir / 'checkpoints'}; train first with --mode=train and this --workdir."
+      )
+    state, _ = exp.checkpointer.restore(step, exp.abstract_state(), for_training=False)
+    return write_report(exp, state.params, split, step)
+  finally:
+    exp.checkpointer.close()

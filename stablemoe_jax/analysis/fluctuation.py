@@ -1,0 +1,86 @@
+"""Routing fluctuation (the paper's Figures 2 and 8) from a run's routing records.
+
+A token's *last fluctuation step* is the last recorded step where its expert differs from its
+expert at the final record; a token whose expert never differs has none (-1 here, and it counts
+as settled from the start). The curve is the cumulative share of tokens whose last fluctuation
+step is at most x, with x as a percentage of training (the final record step = 100%).
+With several MoE layers, every (layer, token) pair counts as one token ("all layers").
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from stablemoe_jax.analysis.records import Records, load_records
+
+FRACTIONS = (0.2, 0.5, 0.8)
+
+
+def last_fluctuation_steps(steps: np.ndarray, assignments: np.ndarray) -> np.ndarray:
+  """steps int [K] ascending, assignments int [K, ...] -> int64 [...]: last step whose expert differs
+  from the final one, or -1 where none does."""
+  steps, assignments = np.asarray(steps), np.asarray(assignments)
+  differs = assignments != assignments[-1]  # [K, ...]
+  last_index = len(steps) - 1 - np.argmax(differs[::-1], axis=0)
+  return np.where(differs.any(axis=0), steps[last_index], -1).astype(np.int64)
+
+
+def cumulative_curve(last: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(x [K] record steps as % of the final one, y [K] share of tokens whose last fluctuation step <= x)."""
+  steps, last = np.asarray(steps), np.asarray(last).ravel()
+  share = (last[None, :] <= steps[:, None]).mean(axis=1)
+  return 100.0 * steps / steps[-1], share
+
+
+def shares_after(last: np.ndarray, final_step: int, fractions=FRACTIONS) -> dict[str, float]:
+  """{"after_20": share of tokens whose last fluctuation step lies after 20% of final_step, ...} (fractions 0-1)."""
+  last = np.asarray(last).ravel()
+  return {f"after_{round(100 * f)}": float(np.mean(last > f * final_step)) for f in fractions}
+
+
+def _layer_summary(steps: np.ndarray, assignments: np.ndarray, stage1_steps: int) -> dict:
+  """steps [K], assignments [K, T] (or [K, L, T]) -> shares and the stage-2 stability check."""
+  last = last_fluctuation_steps(steps, assignments)
+  stage2 = assignments[steps >= stage1_steps]
+  return {
+      **shares_after(last, int(steps[-1])),
+      "never_fluctuating": float(np.mean(last < 0)),
+      "last_fluctuation_step_max": int(last.max()),
+      # Share of tokens changing expert at or after the stage boundary; 0 for StableMoE's training routing.
+      "fluctuating_in_stage2": float(np.mean(last >= stage1_steps)),
+      # None when fewer than two records lie in stage 2 (nothing to compare).
+      "stage2_records_identical": bool((stage2 == stage2[0]).all()) if len(stage2) > 1 else None,
+  }
+
+
+def summarize(records: Records, routing: str = "train") -> dict:
+  """Fluctuation summary of one routing ("train" or "inference"), all layers pooled and per layer."""
+  assignments = records.assignments(routing)  # [K, L, T]
+  stage1_steps = int(records.meta["stage1_steps"])
+  return {
+      "routing": routing,
+      "record_steps": records.steps.tolist(),
+      "final_step": int(records.steps[-1]),
+      "complete": int(records.steps[-1]) == int(records.meta["steps"]),
+      "stage1_steps": stage1_steps,
+      "sample_tokens": int(assignments.shape[-1]),
+      "all_layers": _layer_summary(records.steps, assignments, stage1_steps),
+      "layers": {name: _layer_summary(records.steps, assignments[:, i], stage1_steps)
+                 for i, name in enumerate(records.layers)},
+  }
+
+
+def curve_from_records(records: Records, routing: str = "train") -> tuple[np.ndarray, np.ndarray]:
+  """The cumulative curve of one routing, all layers pooled."""
+  return cumulative_curve(last_fluctuation_steps(records.steps, records.assignments(routing)), records.steps)
+
+
+def shares_from_workdir(workdir: str | os.PathLike, routing: str = "train") -> dict[str, float]:
+  """A run's fluctuation shares from its records: {"after_20", "after_50", "after_80"}, fractions in [0, 1].
+
+  ``routing``: "train" (the routing training used at each record step; the paper's figures) or
+  "inference". Raises RecordsNotFoundError if the run has no records.
+  """
+  records = load_records(workdir)
+  return shares_after(last_fluctuation_steps(records.steps, records.assignments(routing)), int(records.steps[-1]))

@@ -1,0 +1,74 @@
+"""Fluctuation curves of several runs on one chart (the paper's Figures 2 and 8).
+
+``python -m stablemoe_jax.analysis.plot RUN_DIR [RUN_DIR ...] --out fluctuation.png [--labels a,b] [--routing train]``
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
+import numpy as np  # noqa: E402
+
+from stablemoe_jax.analysis import fluctuation  # noqa: E402
+from stablemoe_jax.analysis.records import ROUTINGS, RecordsNotFoundError, load_records  # noqa: E402
+
+
+Curve = tuple[str, np.ndarray, np.ndarray]
+
+
+def plot_curves(curves: list[Curve], out: str | pathlib.Path, title: str = "") -> list[str]:
+  """Draws ``(label, x % of training [K], cumulative token share [K])`` curves as steps into the PNG ``out``;
+  returns the labels of the curves drawn."""
+  fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+  for label, x, y in curves:
+    ax.step(x, 100.0 * np.asarray(y), where="post", label=label, linewidth=1.8)
+  ax.set_xlabel("last fluctuation step (% of training)")
+  ax.set_ylabel("cumulative token percentage (%)")
+  ax.set_xlim(0, 100)
+  ax.set_ylim(0, 101)
+  ax.grid(alpha=0.3)
+  ax.legend(loc="lower right")
+  if title:
+    ax.set_title(title)
+  fig.tight_layout()
+  pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out)
+  drawn = [line.get_label() for line in ax.get_lines()]
+  plt.close(fig)
+  return drawn
+
+
+def run_curves(run_dirs: list[str], labels: list[str], routing: str) -> list[Curve]:
+  return [(label, *fluctuation.curve_from_records(load_records(d), routing)) for d, label in zip(run_dirs, labels)]
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("run_dirs", nargs="+", help="run workdirs (each with a routing/ folder of records)")
+  parser.add_argument("--out", required=True, help="the PNG to write")
+  parser.add_argument("--labels", default="", help="comma-separated curve labels (default: the run dirs' names)")
+  parser.add_argument("--routing", choices=ROUTINGS, default="train",
+                      help="train: the routing training used at each record (default); inference: the eval routing")
+  args = parser.parse_args(argv)
+  labels = args.labels.split(",") if args.labels else [pathlib.Path(d).resolve().name for d in args.run_dirs]
+  if len(labels) != len(args.run_dirs):
+    print(f"error: --labels has {len(labels)} labels for {len(args.run_dirs)} run dirs; give one per run.",
+          file=sys.stderr)
+    return 2
+  try:
+    curves = run_curves(args.run_dirs, labels, args.routing)
+  except RecordsNotFoundError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  drawn = plot_curves(curves, args.out, title=f"routing fluctuation ({args.routing} routing)")
+  print(f"wrote {args.out}: {len(drawn)} curve(s): {', '.join(drawn)}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,83 @@
+"""The train loop's hook: routing records every ``analysis.record_every`` steps, the report at the end."""
+from __future__ import annotations
+
+import jax
+
+from stablemoe_jax.analysis import records as records_lib
+from stablemoe_jax.analysis.report import write_report
+from stablemoe_jax.analysis.routes import analysis_model, make_sample_router, stack_layers
+from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.parallel import data_parallel as dp
+
+
+class RoutingRecorder:
+  """Records, at steps 0, every ``record_every`` and the last, each MoE layer's expert for every token of a
+  fixed validation sample under the training routing of that step and the inference routing.
+
+  Created after the state is restored: it drops records past ``start_step`` (the interrupted run wrote
+  them after its last checkpoint; this run rewrites them identically). Every process must make the same
+  calls (the routing pass is a collective); only the chief writes.
+
+  Args:
+    exp: the run's ``loop.Experiment``.
+    start_step: the step the run starts (or resumes) from.
+  """
+
+  def __init__(self, exp, start_step: int):
+    cfg = exp.config
+    self._exp = exp
+    self._every = cfg.analysis.record_every
+    self._steps, self._stage1_steps = cfg.train.steps, cfg.train.stage1_steps
+    self._num_experts = cfg.model.moe.num_experts
+    self.enabled = bool(cfg.model.moe.enabled and self._every > 0)
+    self._directory = records_lib.records_dir(exp.workdir)
+    self._is_chief = jax.process_index() == 0
+    self._meta_written = False
+    if not self.enabled:
+      return
+    seq_len = cfg.train.seq_len
+    rows = cfg.analysis.sample_tokens // seq_len
+    dp.check_batch_divides(rows, f"analysis.sample_tokens // train.seq_len (= {cfg.analysis.sample_tokens} // "
+                           f"{seq_len}, rows of the routing sample)", exp.mesh)
+    sample = next(exp.data.eval_batches("valid", rows, seq_len))
+    if sample["weights"].min() < 1:
+      raise ConfigError(
+          f"analysis.sample_tokens={cfg.analysis.sample_tokens} exceeds the validation split "
+          f"({exp.data.split_num_tokens('valid') - 1} predictions); lower --config.analysis.sample_tokens.")
+    self._sample = sample["inputs"]  # int32 [R, S], the same on every process
+    self._tokens = dp.to_global(dp.local_rows({"inputs": self._sample}), exp.mesh)["inputs"]
+    replicated = dp.replicated(exp.mesh)
+    self._route = jax.jit(make_sample_router(analysis_model(cfg.model), cfg.seed), static_argnums=2,
+                          in_shardings=(replicated, dp.batch_sharding(exp.mesh)), out_shardings=replicated)
+    if self._is_chief:
+      records_lib.drop_records_after(self._directory, start_step)
+
+  def _is_record_step(self, step: int) -> bool:
+    return step % self._every == 0 or step == self._steps
+
+  def record(self, params, step: int) -> None:
+    """Routes the sample with ``params`` (after ``step`` updates) and writes the record of ``step``."""
+    train, inference = self._route(params, self._tokens, step < self._stage1_steps)
+    layers, train = stack_layers(train)
+    _, inference = stack_layers(inference)
+    if not self._is_chief:
+      return
+    if not self._meta_written:
+      meta = {"layers": layers, "num_experts": self._num_experts, "steps": self._steps,
+              "stage1_steps": self._stage1_steps, "record_every": self._every,
+              "router": self._exp.config.model.moe.router, "sample_shape": list(self._sample.shape)}
+      records_lib.write_meta(self._directory, meta, self._sample.reshape(-1))
+      self._meta_written = True
+    records_lib.write_record(self._directory, step, train, inference, self._num_experts)
+
+  def after_step(self, state, step: int) -> None:
+    """Call with the state after update ``step`` (and once with the start state, step 0 or the resumed one)."""
+    if self.enabled and self._is_record_step(step):
+      self.record(state.params, step)
+
+  def finish(self, state, step: int) -> dict | None:
+    """At the end of training: the cohesion, load and fluctuation files of the final state (analysis.report_at_end)."""
+    cfg = self._exp.config
+    if not (cfg.model.moe.enabled and cfg.analysis.report_at_end):
+      return None
+    return write_report(self._exp, state.params, "valid", step)

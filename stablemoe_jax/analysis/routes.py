@@ -1,0 +1,68 @@
+"""Jitted functions that return, per MoE layer, where each token goes (sown by MoELayer into ROUTING)."""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import traverse_util
+
+from stablemoe_jax.models.routing import ROUTING
+from stablemoe_jax.models.transformer import TransformerLM
+
+
+def analysis_model(model_config: ml_collections.ConfigDict) -> TransformerLM:
+  """The run's model without dropout, so that training-mode routing depends on the parameters alone."""
+  config = ml_collections.ConfigDict(model_config.to_dict())
+  config.dropout = 0.0
+  return TransformerLM(config)
+
+
+def _natural_key(name: str):
+  return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def sorted_layers(per_layer: dict) -> list[str]:
+  """Layer names in model order (moe_2 before moe_10)."""
+  return sorted(per_layer, key=_natural_key)
+
+
+def _sown(sown: dict, name: str) -> dict[str, jax.Array]:
+  """{layer path: value} of the ROUTING values called ``name``."""
+  flat = traverse_util.flatten_dict(sown.get(ROUTING, {}), sep="/")
+  return {key.rsplit("/", 1)[0]: value[0] for key, value in flat.items() if key.rsplit("/", 1)[-1] == name}
+
+
+def make_sample_router(model: TransformerLM, seed: int):
+  """``(params, tokens [R, S], in_stage1) -> ({layer: int32 [R*S]} training routing, {layer: ...} inference)``.
+
+  Training routing: the model in training mode (``deterministic=False``, the given stage) with a fixed
+  dropout key for any router that draws noise in training. Inference routing: as evaluation does.
+  """
+  key = jax.random.key(seed)
+
+  def route(params, tokens, in_stage1):
+    _, train = model.apply({"params": params}, tokens, in_stage1, deterministic=False, rngs={"dropout": key},
+                           mutable=[ROUTING])
+    _, inference = model.apply({"params": params}, tokens, jnp.array(False), deterministic=True, mutable=[ROUTING])
+    return _sown(train, "expert_index"), _sown(inference, "expert_index")
+
+  return route
+
+
+def make_split_router(model: TransformerLM):
+  """``(params, tokens [B, S]) -> {layer: (int32 [B*S] expert, float32 [B*S] gate)}`` under the inference routing."""
+  def route(params, tokens):
+    _, sown = model.apply({"params": params}, tokens, jnp.array(False), deterministic=True, mutable=[ROUTING])
+    experts, gates = _sown(sown, "expert_index"), _sown(sown, "gate")
+    return {layer: (experts[layer], gates[layer].astype(jnp.float32)) for layer in experts}
+  return route
+
+
+def stack_layers(per_layer: dict) -> tuple[list[str], np.ndarray]:
+  """{layer: [T]} (device or host) -> (layer names in model order, numpy [L, T])."""
+  per_layer = jax.device_get(per_layer)
+  layers = sorted_layers(per_layer)
+  return layers, np.stack([np.asarray(per_layer[layer]) for layer in layers])

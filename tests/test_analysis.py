@@ -1,0 +1,248 @@
+"""Routing analysis: fluctuation math, cohesion counts, records across kill and resume, analyze mode, plot CLI."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import REPO
+
+from stablemoe_jax.analysis import cohesion, fluctuation, records
+from stablemoe_jax.analysis.command import analyze_checkpoint
+from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.train import loop
+
+# Hand-made assignments: 5 record steps (rows) x 4 tokens (columns).
+STEPS = np.array([0, 10, 20, 30, 40])
+ASSIGNMENTS = np.array([
+    [1, 0, 2, 1],
+    [1, 1, 2, 2],
+    [1, 1, 0, 3],
+    [1, 1, 2, 0],
+    [1, 1, 2, 3],
+])
+# token 0 never differs from its final expert; token 1 last differs at step 0; token 2 at 20; token 3 at 30.
+
+
+def test_last_fluctuation_step_of_hand_made_assignments():
+  np.testing.assert_array_equal(fluctuation.last_fluctuation_steps(STEPS, ASSIGNMENTS), [-1, 0, 20, 30])
+  # With layers: [K, L, T]; layer 1 is layer 0 with token 0 moving at step 10.
+  layered = np.stack([ASSIGNMENTS, ASSIGNMENTS], axis=1)
+  layered[1, 1, 0] = 3
+  np.testing.assert_array_equal(fluctuation.last_fluctuation_steps(STEPS, layered), [[-1, 0, 20, 30], [10, 0, 20, 30]])
+
+
+def test_cumulative_shares_of_hand_made_assignments():
+  last = fluctuation.last_fluctuation_steps(STEPS, ASSIGNMENTS)
+  x, share = fluctuation.cumulative_curve(last, STEPS)
+  np.testing.assert_allclose(x, [0, 25, 50, 75, 100])
+  np.testing.assert_allclose(share, [2 / 4, 2 / 4, 3 / 4, 4 / 4, 4 / 4])
+  # After 20% (step 8): tokens 2 and 3; after 50% (step 20, strictly after): token 3; after 80% (32): none.
+  assert fluctuation.shares_after(last, final_step=40) == {"after_20": 0.5, "after_50": 0.25, "after_80": 0.0}
+
+
+def _records(steps, train, stage1_steps, total_steps=None):
+  train = np.asarray(train)[:, None, :]  # one layer
+  meta = {"layers": ["moe_0"], "stage1_steps": stage1_steps, "steps": total_steps or int(steps[-1])}
+  return records.Records(np.asarray(steps), train, train.copy(), np.arange(train.shape[-1]), meta)
+
+
+def test_summary_says_whether_stage2_routing_fluctuates():
+  frozen = np.array([[0, 1, 2], [1, 1, 0], [2, 1, 0], [2, 1, 0], [2, 1, 0]])  # identical from step 20 on
+  summary = fluctuation.summarize(_records(STEPS, frozen, stage1_steps=20), "train")["all_layers"]
+  assert summary["stage2_records_identical"] and summary["fluctuating_in_stage2"] == 0.0
+  assert summary["last_fluctuation_step_max"] == 10 and summary["never_fluctuating"] == pytest.approx(1 / 3)
+  summary = fluctuation.summarize(_records(STEPS, ASSIGNMENTS, stage1_steps=20), "train")["all_layers"]
+  assert not summary["stage2_records_identical"] and summary["fluctuating_in_stage2"] == 0.5
+  # A run whose stage 1 covers all of training has no stage-2 records to compare.
+  summary = fluctuation.summarize(_records(STEPS, ASSIGNMENTS, stage1_steps=40))["all_layers"]
+  assert summary["stage2_records_identical"] is None
+
+
+def test_cohesion_counts_of_a_hand_routed_example():
+  counts = cohesion.RoutingCounts(num_experts=3, vocab_size=10)
+  counts.add(token_ids=[5, 5, 3, 7, 3, 5, 9], expert_index=[0, 0, 1, 0, 1, 1, 2],
+             gate=[0.5, 0.7, 0.2, 0.3, 0.4, 0.6, 0.9], mask=[1, 1, 1, 1, 1, 1, 0])  # the last one is padding
+  counts.add(token_ids=[7], expert_index=[0], gate=[0.5])
+  table = counts.top_tokens(2, id_to_token=lambda i: f"w{i}")
+  assert [row["tokens"] for row in table] == [4, 3, 0]
+  assert [row["load"] for row in table] == [4 / 7, 3 / 7, 0.0]
+  assert table[0]["top"] == [{"token": "w5", "id": 5, "count": 2, "share": 0.5},
+                             {"token": "w7", "id": 7, "count": 2, "share": 0.5}]
+  assert table[1]["top"] == [{"token": "w3", "id": 3, "count": 2, "share": 2 / 3},
+                             {"token": "w5", "id": 5, "count": 1, "share": 1 / 3}]
+  assert table[2]["top"] == []
+  stats = counts.load_stats()
+  assert stats["tokens"] == 7 and stats["load"] == pytest.approx([4 / 7, 3 / 7, 0.0])
+  assert stats["load_entropy"] == pytest.approx(-(4 / 7) * np.log(4 / 7) - (3 / 7) * np.log(3 / 7))
+  assert stats["mean_gate"] == pytest.approx((0.5 + 0.7 + 0.2 + 0.3 + 0.4 + 0.6 + 0.5) / 7)
+  assert stats["mean_gate_per_expert"] == pytest.approx([2.0 / 4, 1.2 / 3, 0.0])
+  markdown = cohesion.markdown_table({"moe_0": table})
+  assert "| 0 | 57.1% | `w5` (2, 50.0%), `w7` (2, 50.0%) |" in markdown
+
+
+def test_analysis_settings_are_validated(tiny_config):
+  tiny_config.analysis.sample_tokens = 8
+  with pytest.raises(ConfigError, match="analysis.sample_tokens=8 must be at least train.seq_len=16"):
+    validate_config(tiny_config)
+  tiny_config.analysis.sample_tokens, tiny_config.analysis.record_every = 4096, -1
+  with pytest.raises(ConfigError, match="analysis.record_every=-1 must be >= 0"):
+    validate_config(tiny_config)
+
+
+def _analysis_config(ptb_dir):
+  from conftest import make_tiny_config
+  config = make_tiny_config(ptb_dir)  # 12 steps, stage 1 = steps 1-5, checkpoints every 4 steps
+  config.analysis.record_every, config.analysis.sample_tokens = 2, 1024
+  return config
+
+
+@pytest.fixture(scope="module")
+def recorded_run(ptb_dir, tmp_path_factory):
+  config = _analysis_config(ptb_dir)
+  workdir = tmp_path_factory.mktemp("recorded")
+  summary = loop.train_and_evaluate(config, workdir)
+  return config, workdir, summary
+
+
+def _all_records(workdir):
+  directory = records.records_dir(workdir)
+  return {s: dict(np.load(directory / f"step_{s:08d}.npz")) for s in records.record_steps(directory)}
+
+
+def test_records_are_written_at_the_record_steps_compactly(recorded_run):
+  _, workdir, _ = recorded_run
+  loaded = records.load_records(workdir)
+  assert loaded.steps.tolist() == [0, 2, 4, 6, 8, 10, 12]
+  assert loaded.train.dtype == np.int8 and loaded.train.shape == (7, 1, 1024)
+  assert loaded.sample_tokens.shape == (1024,) and loaded.meta["layers"] == ["moe_0"]
+  assert loaded.train.min() >= 0 and loaded.train.max() < 4
+  # The sample is the first 1024 tokens of the validation split.
+  from stablemoe_jax import data as data_lib
+  valid = data_lib.load_lm_data(recorded_run[0].data, workdir / "data").stream("valid")
+  np.testing.assert_array_equal(loaded.sample_tokens, valid.read(0, 1024))
+
+
+def test_stablemoe_training_routing_does_not_fluctuate_in_stage2(recorded_run):
+  config, workdir, summary = recorded_run
+  loaded = records.load_records(workdir)
+  stage2 = loaded.train[loaded.steps >= config.train.stage1_steps]  # records 6, 8, 10, 12
+  assert len(stage2) == 4 and all((r == stage2[0]).all() for r in stage2)
+  assert not (loaded.train[0] == loaded.train[2]).all()  # stage 1 (greedy) routing moves
+  # Stage 2 routes by the frozen table: the argmax of the distilled router's logits for each token id.
+  _, state, _ = _restore(config, workdir)
+  distilled = jax.device_get(state.params["moe_0"]["router"]["distilled_router"])
+  table = np.argmax(distilled["embedding"] @ distilled["centroids"].T, axis=-1)
+  np.testing.assert_array_equal(stage2[-1, 0], table[loaded.sample_tokens])
+  np.testing.assert_array_equal(loaded.inference[-1, 0], table[loaded.sample_tokens])
+  train_summary = json.loads((workdir / "analysis" / "fluctuation.json").read_text())["train"]
+  assert train_summary["all_layers"]["stage2_records_identical"]
+  assert train_summary["all_layers"]["fluctuating_in_stage2"] == 0.0
+  assert train_summary["all_layers"]["last_fluctuation_step_max"] < config.train.stage1_steps
+  assert summary["analysis"]["fluctuation"]["train"]["after_50"] == 0.0  # stage 1 is 5/12 = 42% of training
+  assert fluctuation.shares_from_workdir(workdir) == {
+      k: train_summary["all_layers"][k] for k in ("after_20", "after_50", "after_80")}
+
+
+def _restore(config, workdir):
+  exp = loop.Experiment(config, workdir)
+  try:
+    step = exp.checkpointer.latest_step
+    state, data = exp.checkpointer.restore(step, exp.abstract_state(), for_training=False)
+  finally:
+    exp.checkpointer.close()
+  return step, state, data
+
+
+@pytest.mark.slow  # two short training runs: about 30 s on an idle 2-core machine
+def test_records_survive_stop_and_resume_exactly(recorded_run, tmp_path):
+  config, full_dir, _ = recorded_run
+  shutil.copytree(full_dir / "data", tmp_path / "data")  # the prepared corpus, to save its preparation
+  config = config.copy_and_resolve_references()
+  config.analysis.report_at_end = False
+  assert loop.train_and_evaluate(config, tmp_path, stop_at_step=7) == {"stopped_at_step": 7}
+  assert records.record_steps(records.records_dir(tmp_path)) == [0, 2, 4, 6]  # 6 lies past the checkpoint (4)
+  # Spoil the record the resumed run must drop and rewrite: the result must still be exact.
+  spoiled = records.records_dir(tmp_path) / "step_00000006.npz"
+  np.savez(spoiled, train=np.zeros((1, 1024), np.int8), inference=np.zeros((1, 1024), np.int8))
+  loop.train_and_evaluate(config, tmp_path)
+  full, resumed = _all_records(full_dir), _all_records(tmp_path)
+  assert sorted(resumed) == sorted(full) == [0, 2, 4, 6, 8, 10, 12]
+  for step in full:
+    for routing in records.ROUTINGS:
+      np.testing.assert_array_equal(resumed[step][routing], full[step][routing], err_msg=f"{step} {routing}")
+
+
+def test_training_logs_gate_entropy_and_centroid_disagreement(recorded_run):
+  config, workdir, _ = recorded_run
+  logged = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  logged = {r["step"]: r for r in logged if "loss" in r}
+  for step, r in logged.items():
+    assert 0.0 < r["moe/moe_0/mean_gate"] < 1.0
+    assert 0.0 < r["moe/moe_0/load_entropy"] <= np.log(4) + 1e-6
+    if step <= 4:  # windows of stage-1 steps only: the centroids' argmax routes, nothing disagrees
+      assert r["moe/moe_0/router/centroid_disagreement"] == 0.0
+    if step >= 8:  # stage 2 only: the table routes, so disagreement with the argmax = 1 - distillation accuracy
+      assert r["moe/moe_0/router/centroid_disagreement"] == pytest.approx(
+          1.0 - r["moe/moe_0/router/distill_accuracy"], abs=1e-6)
+      assert r["moe/moe_0/router/centroid_disagreement"] > 0.0
+
+
+def test_analyze_mode_reproduces_the_final_cohesion_table(recorded_run, tmp_path):
+  config, workdir, _ = recorded_run
+  trained = {p.name: p.read_text() for p in (workdir / "analysis").iterdir() if p.suffix in (".json", ".md")}
+  assert set(trained) == {"cohesion_valid_step12.json", "cohesion_valid_step12.md", "load_valid_step12.json",
+                          "fluctuation.json"}
+  shutil.rmtree(workdir / "analysis")
+  result = analyze_checkpoint(config, workdir, split="valid")
+  assert result["step"] == 12
+  for name, text in trained.items():
+    assert (workdir / "analysis" / name).read_text() == text, name
+  assert (workdir / "analysis" / "fluctuation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  # Independent count: StableMoE's inference routing is the frozen table of each input token id.
+  _, state, _ = _restore(config, workdir)
+  distilled = jax.device_get(state.params["moe_0"]["router"]["distilled_router"])
+  table = np.argmax(distilled["embedding"] @ distilled["centroids"].T, axis=-1)
+  from stablemoe_jax import data as data_lib
+  lm_data = data_lib.load_lm_data(config.data, workdir / "data")
+  stream = lm_data.stream("valid")
+  inputs = stream.read(0, len(stream) - 1)  # every position that predicts a next token
+  cohesion_json = json.loads(trained["cohesion_valid_step12.json"])["moe_0"]
+  for row in cohesion_json:
+    routed = inputs[table[inputs] == row["expert"]]
+    assert row["tokens"] == len(routed)
+    for entry in row["top"]:
+      assert entry["count"] == np.sum(routed == entry["id"])
+      assert entry["token"] == lm_data.tokenizer.id_to_token(entry["id"])
+    if row["top"]:
+      assert row["top"][0]["count"] == np.bincount(routed).max()
+  # The test split too, and another checkpoint.
+  earlier = analyze_checkpoint(config, workdir, step=8, split="test")
+  assert (workdir / "analysis" / "cohesion_test_step8.md").is_file() and earlier["step"] == 8
+
+
+def test_analyze_without_a_checkpoint_names_the_fix(recorded_run, tmp_path):
+  config, workdir, _ = recorded_run
+  shutil.copytree(workdir / "data", tmp_path / "data")
+  with pytest.raises(FileNotFoundError, match="train first"):
+    analyze_checkpoint(config, tmp_path)
+
+
+def test_plot_command_draws_one_curve_per_run(recorded_run, tmp_path):
+  _, workdir, _ = recorded_run
+  other = tmp_path / "other_run"
+  shutil.copytree(workdir / "routing", other / "routing")
+  out = tmp_path / "fluctuation.png"
+  result = subprocess.run([sys.executable, "-m", "stablemoe_jax.analysis.plot", str(workdir), str(other),
+                           "--out", str(out), "--labels", "StableMoE,copy"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert "2 curve(s): StableMoE, copy" in result.stdout
+  assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  result = subprocess.run([sys.executable, "-m", "stablemoe_jax.analysis.plot", str(tmp_path / "nothing"),
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2 and "no routing records" in result.stderr and "Traceback" not in result.stderr

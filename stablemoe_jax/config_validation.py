@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from stablemoe_jax.models.distill import DISTILLED_KINDS
-from stablemoe_jax.models.routers import DISTILLED_ROUTER_DEFAULTS, ROUTERS
+from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import PLACEMENTS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -77,7 +77,7 @@ def _differences(section, defaults: dict) -> list[tuple[str, object]]:
 
 
 def _check_routers(config) -> None:
-  """The chosen router's own settings, and no changed setting of a router (or section) that is not used."""
+  """The chosen router's own settings, and no changed setting of a router that is not chosen."""
   moe, train = config.model.moe, config.train
   entry = ROUTERS[moe.router]
   settings = moe[moe.router]
@@ -102,12 +102,6 @@ def _check_routers(config) -> None:
     _require(distilled.kind != "transformer" or distilled.dim % distilled.num_heads == 0,
              f"model.moe.distilled_router.dim={distilled.dim} must be divisible by "
              f"model.moe.distilled_router.num_heads={distilled.num_heads}.")
-  elif distilled is not None:
-    for key, value in _differences(distilled, DISTILLED_ROUTER_DEFAULTS):
-      raise ConfigError(
-          f"model.moe.distilled_router.{key}={value!r} is set, but router {moe.router!r} has no distilled router; "
-          f"use --config.model.moe.router=stablemoe or --config.model.moe.{moe.router}.fixed_routing=True "
-          f"(switch and base), or drop the override.")
   if moe.router == "base":
     groups = int(moe.get("num_groups", 1) or 1)
     tokens = train.batch_size // train.microbatches * train.seq_len

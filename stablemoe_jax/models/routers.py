@@ -32,7 +32,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import traverse_util
 
 from stablemoe_jax.models import distill
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
@@ -43,15 +42,18 @@ from stablemoe_jax.models.routing import AUX_LOSS, METRICS, Routing, stablemoe_b
 
 @dataclasses.dataclass(frozen=True)
 class GreedySigmoid:
-  """A policy has ``assign(scores [T, N], deterministic) -> (int32 [T], metrics)``, ``gate(scores, index) -> [T]``
+  """A policy has ``assign(scores [T, N], deterministic, needed) -> (int32 [T], metrics)`` (``needed``: bool
+  scalar, false where only a cheap stand-in is wanted), ``gate(scores, index) -> [T]``
   and ``losses(scores, assignment) -> {name: scalar}``.
 
-  This one is StableMoE stage 1: greedy top-1, gate ``sigmoid(s[t, e_t])``, balance loss weighted by ``balance_alpha``."""
+  This one is StableMoE stage 1: greedy top-1, gate ``sigmoid(s[t, e_t])``, balance loss weighted by
+  ``balance_alpha``.
+  """
 
   balance_alpha: float = 0.3
 
-  def assign(self, scores, deterministic):
-    del deterministic
+  def assign(self, scores, deterministic, needed=True):
+    del deterministic, needed
     return jnp.argmax(scores, axis=-1).astype(jnp.int32), {}
 
   def gate(self, scores, expert_index):
@@ -79,8 +81,8 @@ class SwitchSoftmax:
   balance_weight: float = 0.01
   z_loss_weight: float = 0.0
 
-  def assign(self, scores, deterministic):
-    del deterministic
+  def assign(self, scores, deterministic, needed=True):
+    del deterministic, needed
     return jnp.argmax(scores, axis=-1).astype(jnp.int32), {}
 
   def gate(self, scores, expert_index):
@@ -103,20 +105,26 @@ class BalancedAssignment:
   epsilon: float = 1e-2
   max_rounds: int = 1000
 
-  def assign(self, scores, deterministic):
+  def assign(self, scores, deterministic, needed=True):
+    greedy = jnp.argmax(scores, axis=-1).astype(jnp.int32)
     if deterministic:
-      return jnp.argmax(scores, axis=-1).astype(jnp.int32), {}
+      return greedy, {}
     num_tokens, num_experts = scores.shape
     if num_tokens % (self.num_groups * num_experts):
       raise ValueError(
           f"BASE routing needs the tokens of a step ({num_tokens}) divisible by model.moe.num_groups "
           f"({self.num_groups}) x model.moe.num_experts ({num_experts}); change train.batch_size or train.seq_len.")
     grouped = scores.reshape(self.num_groups, num_tokens // self.num_groups, num_experts)
-    assign = lambda s: balanced_assignment(s, self.epsilon, self.max_rounds)
-    index, info = jax.vmap(assign)(grouped)
-    metrics = {"auction_rounds": jnp.max(info["rounds"]).astype(jnp.float32),
-               "auction_converged": jnp.all(info["converged"]).astype(jnp.float32)}
-    return index.reshape(num_tokens), metrics
+
+    def auction(grouped):
+      index, info = jax.vmap(lambda s: balanced_assignment(s, self.epsilon, self.max_rounds))(grouped)
+      return index.reshape(num_tokens), jnp.max(info["rounds"]), jnp.all(info["converged"])
+
+    # Where the assignment is not used (a two-stage router's stage 2), the auction is skipped.
+    index, rounds, converged = jax.lax.cond(
+        needed, auction, lambda _: (greedy, jnp.zeros((), jnp.int32), jnp.array(True)), grouped)
+    metrics = {"auction_rounds": rounds.astype(jnp.float32), "auction_converged": converged.astype(jnp.float32)}
+    return index, metrics
 
   def gate(self, scores, expert_index):
     return jax.nn.sigmoid(jnp.take_along_axis(scores, expert_index[:, None], axis=-1)[:, 0])
@@ -184,7 +192,8 @@ class LearnedRouter(nn.Module):
     if self.jitter > 0 and not deterministic:
       h = h * jax.random.uniform(self.make_rng("dropout"), h.shape, jnp.float32, 1 - self.jitter, 1 + self.jitter)
     scores = h @ centroids.T  # [T, N]
-    learned, policy_metrics = self.policy.assign(scores, deterministic)
+    learned, policy_metrics = self.policy.assign(
+        scores, deterministic, needed=True if self.distilled is None else jnp.asarray(in_stage1))
     for name, value in policy_metrics.items():
       self.sow(METRICS, name, value)
     losses = self.policy.losses(scores, learned)
@@ -406,7 +415,8 @@ def fill_tables_from_data(params: dict, model_config, token_counts: Callable[[],
   """
   moe = model_config.moe
   entry = ROUTERS.get(moe.router)
-  if not moe.enabled or entry is None or entry.fill_from_data is None or model_config.get("dense_match", "none") != "none":
+  dense = model_config.get("dense_match", "none") != "none"
+  if not moe.enabled or dense or entry is None or entry.fill_from_data is None:
     return params
   params = dict(params)
   for layer, layer_params in params.items():
@@ -414,8 +424,3 @@ def fill_tables_from_data(params: dict, model_config, token_counts: Callable[[],
       params[layer] = {**layer_params, "router": entry.fill_from_data(
           layer_params["router"], moe[moe.router], moe.num_experts, token_counts)}
   return params
-
-
-def router_param_paths(params: dict) -> list[str]:
-  """'layer/router/...' paths of every router parameter (for tests and reports)."""
-  return [k for k in traverse_util.flatten_dict(params, sep="/") if "/router/" in k]

@@ -25,22 +25,45 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.max_len = 128
   config.model.dropout = 0.05
   config.model.dtype = "float32"
+  # Dense baselines with the MoE model's total parameters (model.moe describes that MoE model; the model has no
+  # MoE layer): "deeper" puts more FFN sublayers where the MoE layers were, "wider" the same sublayers, wider.
+  config.model.dense_match = "none"  # none | deeper | wider
 
   config.model.moe = ml_collections.ConfigDict()
   config.model.moe.enabled = True
-  config.model.moe.router = "stablemoe"
+  config.model.moe.router = "stablemoe"  # stablemoe | switch | base | hash (stablemoe_jax/models/routers.py)
   config.model.moe.num_experts = 8
   config.model.moe.placement = "middle"  # bottom | middle | top | scattered
   config.model.moe.sublayers_per_expert = 2
   config.model.moe.d_ff = 0  # 0 -> model.d_ff
   config.model.moe.capacity_factor = 2.0
   config.model.moe.eval_capacity_factor = 0.0  # <= 0: no token is dropped at evaluation
-  # Each router's own settings, read (and validated) only when that router is chosen.
+  # Each router's own settings, read (and validated) only when that router is chosen; setting one of an
+  # unselected router is an error. The defaults must equal ROUTERS[name].defaults.
   config.model.moe.stablemoe = ml_collections.ConfigDict()
-  config.model.moe.stablemoe.balance_alpha = 0.3
-  config.model.moe.stablemoe.distill_weight = 1.0  # the paper; the authors' code uses 0.3
-  config.model.moe.stablemoe.distill_dim = 50
-  config.model.moe.stablemoe.centroid_gain = 0.1
+  config.model.moe.stablemoe.balance_alpha = 0.3  # weight of StableMoE's balance loss
+  config.model.moe.stablemoe.centroid_gain = 0.1  # orthogonal-init gain of the routing centroids
+  config.model.moe.switch = ml_collections.ConfigDict()
+  config.model.moe.switch.balance_weight = 0.01  # weight of N * sum_i f_i P_i (the Switch paper's 0.01)
+  config.model.moe.switch.z_loss_weight = 0.0  # router z-loss weight (ST-MoE uses 0.001); 0: off
+  config.model.moe.switch.jitter = 0.0  # training-only multiplicative noise U(1-j, 1+j) on the router input; 0: off
+  config.model.moe.switch.fixed_routing = False  # True: distil into the distilled router, freeze after stage 1
+  config.model.moe.base = ml_collections.ConfigDict()
+  config.model.moe.base.auction_epsilon = 1e-2  # final auction bid step / score span; gap <= T * eps * span
+  config.model.moe.base.auction_max_rounds = 1000  # bidding rounds per phase before a balanced fill-in
+  config.model.moe.base.centroid_gain = 0.1  # orthogonal-init gain of the expert centroids (fairseq's 0.1)
+  config.model.moe.base.fixed_routing = False  # True: distil into the distilled router, freeze after stage 1
+  config.model.moe.hash = ml_collections.ConfigDict()
+  config.model.moe.hash.table = "random"  # random: seeded table | balanced: bin-packed by train token counts
+  config.model.moe.hash.seed = 0  # seed of the table (and of the balanced table's tie order)
+  # The distilled (token-id-only) router of StableMoE and of switch/base with fixed_routing=True.
+  config.model.moe.distilled_router = ml_collections.ConfigDict()
+  config.model.moe.distilled_router.kind = "embedding"  # embedding | cnn | transformer (all causal)
+  config.model.moe.distilled_router.dim = 50  # routing feature dimension (the paper's 50)
+  config.model.moe.distilled_router.distill_weight = 1.0  # the paper; the authors' code uses 0.3
+  config.model.moe.distilled_router.kernel_size = 3  # kind=cnn: token window, the current token included
+  config.model.moe.distilled_router.num_layers = 1  # kind=transformer: layers (the paper tries 1-3)
+  config.model.moe.distilled_router.num_heads = 2  # kind=transformer: attention heads (must divide dim)
 
   config.train = ml_collections.ConfigDict()
   config.train.steps = 850

@@ -1,10 +1,12 @@
 """Checks a config for values that cannot work, before anything is built or compiled."""
 from __future__ import annotations
 
+from stablemoe_jax.models.distill import DISTILLED_KINDS
 from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import PLACEMENTS
 
 DTYPES = ("float32", "bfloat16", "float16")
+DENSE_MATCHES = ("none", "deeper", "wider")
 
 
 class ConfigError(ValueError):
@@ -62,7 +64,7 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
            f"analysis.sample_tokens={analysis.sample_tokens} must be at least train.seq_len={train.seq_len} "
            f"(the sample is whole rows of train.seq_len tokens); raise --config.analysis.sample_tokens.")
   _require(analysis.top_tokens > 0, f"analysis.top_tokens={analysis.top_tokens} must be positive.")
-  if moe.enabled:
+  if moe.enabled or model.get("dense_match", "none") != "none":
     _require(moe.num_experts > 0, f"model.moe.num_experts={moe.num_experts} must be positive.")
     _require(moe.router in ROUTERS, f"model.moe.router={moe.router!r} is unknown; choose one of {sorted(ROUTERS)}.")
     _require(moe.placement in PLACEMENTS,
@@ -71,9 +73,45 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
              f"model.moe.capacity_factor={moe.capacity_factor} must be > 0 (the paper's code uses 2.0).")
     _require(moe.sublayers_per_expert > 0,
              f"model.moe.sublayers_per_expert={moe.sublayers_per_expert} must be positive.")
-    stablemoe = moe.stablemoe
-    if moe.router == "stablemoe":
-      _require(stablemoe.distill_dim > 0,
-               f"model.moe.stablemoe.distill_dim={stablemoe.distill_dim} must be positive.")
-      _require(stablemoe.balance_alpha >= 0 and stablemoe.distill_weight >= 0,
-               "model.moe.stablemoe.balance_alpha and model.moe.stablemoe.distill_weight must be >= 0.")
+    _check_routers(config)
+  _require(model.get("dense_match", "none") in DENSE_MATCHES,
+           f"model.dense_match={model.get('dense_match')!r} is unknown; choose one of {DENSE_MATCHES}.")
+
+
+def _differences(section, defaults: dict) -> list[tuple[str, object]]:
+  return [(key, section[key]) for key in sorted(section.keys()) if key not in defaults or section[key] != defaults[key]]
+
+
+def _check_routers(config) -> None:
+  """The chosen router's own settings, and no changed setting of a router that is not chosen."""
+  moe, train = config.model.moe, config.train
+  entry = ROUTERS[moe.router]
+  settings = moe[moe.router]
+  for problem in entry.check(settings, moe):
+    raise ConfigError(problem)
+  for name in sorted(ROUTERS):
+    if name == moe.router or moe.get(name) is None:
+      continue
+    for key, value in _differences(moe[name], ROUTERS[name].defaults):
+      raise ConfigError(
+          f"model.moe.{name}.{key}={value!r} is a setting of router {name!r}, but model.moe.router={moe.router!r} "
+          f"would ignore it; choose that router with --config.model.moe.router={name}, or drop the "
+          f"--config.model.moe.{name}.{key} override.")
+  distilled = moe.get("distilled_router")
+  if distilled is not None and entry.uses_distilled_router(settings):
+    _require(distilled.kind in DISTILLED_KINDS,
+             f"model.moe.distilled_router.kind={distilled.kind!r} is unknown; choose one of {DISTILLED_KINDS}.")
+    for key in ("dim", "kernel_size", "num_layers", "num_heads"):
+      _require(distilled[key] > 0, f"model.moe.distilled_router.{key}={distilled[key]} must be positive.")
+    _require(distilled.distill_weight >= 0,
+             f"model.moe.distilled_router.distill_weight={distilled.distill_weight} must be >= 0.")
+    _require(distilled.kind != "transformer" or distilled.dim % distilled.num_heads == 0,
+             f"model.moe.distilled_router.dim={distilled.dim} must be divisible by "
+             f"model.moe.distilled_router.num_heads={distilled.num_heads}.")
+  if moe.router == "base":
+    groups = int(moe.get("num_groups", 1) or 1)
+    tokens = train.batch_size // train.microbatches * train.seq_len
+    _require(tokens % (groups * moe.num_experts) == 0,
+             f"router 'base' gives every expert exactly 1/N of a routing group, but a step's {tokens} tokens "
+             f"(train.batch_size / train.microbatches x train.seq_len) are not divisible by model.moe.num_groups "
+             f"({groups}) x model.moe.num_experts ({moe.num_experts}); change train.batch_size or train.seq_len.")

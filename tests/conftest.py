@@ -30,7 +30,7 @@ def make_tiny_config(data_dir: pathlib.Path):
   model.d_model, model.num_heads, model.num_layers, model.d_ff, model.max_len = 32, 2, 2, 64, 16
   model.dropout = 0.1
   model.moe.num_experts, model.moe.sublayers_per_expert = 4, 2
-  model.moe.stablemoe.distill_dim = 8
+  model.moe.distilled_router.dim = 8
   train = config.train
   train.steps, train.stage1_steps, train.warmup_steps = 12, 5, 2
   train.batch_size, train.seq_len = 4, 16

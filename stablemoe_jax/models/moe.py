@@ -37,7 +37,7 @@ class MoELayer(nn.Module):
     cfg = self.moe_config
     batch, length, d = x.shape
     h = x.reshape(batch * length, d)
-    routing = routers.make_router(cfg, vocab_size=self.vocab_size)(h, token_ids.reshape(-1), in_stage1)
+    routing = routers.make_router(cfg, vocab_size=self.vocab_size)(h, token_ids, in_stage1, deterministic)
     capacity_factor = cfg.eval_capacity_factor if deterministic else cfg.capacity_factor
     capacity = dispatch.expert_capacity(h.shape[0], cfg.num_experts, capacity_factor)
     dispatcher = dispatch.IndexDispatcher.create(routing.expert_index, cfg.num_experts, capacity)

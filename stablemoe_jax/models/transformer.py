@@ -1,12 +1,16 @@
 """Decoder-only Transformer LM (pre-LayerNorm, learned positions, tied embeddings) with MoE layers."""
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 
+from stablemoe_jax.models.experts import FFNExperts
 from stablemoe_jax.models.moe import MoELayer
 
 PLACEMENTS = ("bottom", "middle", "top", "scattered")
@@ -27,6 +31,44 @@ def moe_positions(num_layers: int, placement: str) -> tuple[int, ...]:
   if placement not in table:
     raise ValueError(f"unknown MoE placement {placement!r}; choose one of {PLACEMENTS}")
   return table[placement]
+
+
+def count_params(model_config, seq_len: int = 8) -> int:
+  """Parameters of the TransformerLM that ``model_config`` describes (abstract init: nothing is allocated)."""
+  tokens = jnp.zeros((1, min(seq_len, model_config.max_len)), jnp.int32)
+  shapes = jax.eval_shape(lambda: TransformerLM(model_config).init(jax.random.key(0), tokens, jnp.array(True)))
+  return sum(int(x.size) for x in jax.tree.leaves(shapes["params"]))
+
+
+def _ffn_sublayer_params(d: int, width: int) -> int:
+  return width * (2 * d + 1) + 3 * d  # LayerNorm (2d), in (d x w + w), out (w x d + d)
+
+
+@functools.lru_cache(maxsize=32)
+def _dense_plan(config_json: str) -> tuple[int, int]:
+  cfg = ml_collections.ConfigDict(json.loads(config_json))
+  how = cfg.dense_match
+  cfg.dense_match = "none"
+  cfg.moe.enabled = True
+  moe_total = count_params(cfg)
+  cfg.moe.enabled = False
+  extra = (moe_total - count_params(cfg)) / len(moe_positions(cfg.num_layers, cfg.moe.placement))
+  d, width = cfg.d_model, cfg.moe.d_ff or cfg.d_ff
+  if how == "wider":
+    sublayers = max(1, cfg.moe.sublayers_per_expert // len(moe_positions(cfg.num_layers, cfg.moe.placement)))
+  else:
+    sublayers = max(1, round(extra / _ffn_sublayer_params(d, width)))
+  return sublayers, max(1, round((extra / sublayers - 3 * d) / (2 * d + 1)))
+
+
+def dense_match_plan(model_config) -> tuple[int, int]:
+  """(FFN sublayers, width) at each MoE position of the dense model matching the MoE model's total parameters.
+
+  ``model.dense_match``: "deeper" keeps the expert width and adds sublayers (as many as the experts' parameters
+  allow), "wider" keeps ``sublayers_per_expert`` and widens them; either way the width is then fitted so the
+  totals match to within one sublayer's rounding (a few hundred parameters).
+  """
+  return _dense_plan(model_config.to_json())
 
 
 class CausalSelfAttention(nn.Module):
@@ -68,7 +110,7 @@ class TransformerLM(nn.Module):
 
   Attributes:
     config: the ``model`` config (vocab_size, d_model, num_heads, num_layers,
-      d_ff, max_len, dropout, dtype, and ``moe``).
+      d_ff, max_len, dropout, dtype, ``moe`` and ``dense_match``).
   """
 
   config: Any
@@ -85,10 +127,16 @@ class TransformerLM(nn.Module):
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic).astype(dtype)
 
     moe = cfg.moe
-    placement = moe_positions(cfg.num_layers, moe.placement) if moe.enabled else ()
+    dense_match = cfg.get("dense_match", "none")
+    placement = moe_positions(cfg.num_layers, moe.placement) if moe.enabled or dense_match != "none" else ()
     sublayers = moe.sublayers_per_expert // len(placement) if placement else 0
     for block in range(cfg.num_layers + 1):
       for k in [k for k, p in enumerate(placement) if p == block]:
+        if dense_match != "none":  # one dense "expert" with the MoE model's parameters, every token through it
+          dense_sublayers, width = dense_match_plan(cfg)
+          ffn = FFNExperts(1, dense_sublayers, width, cfg.dropout, dtype, name=f"dense_ffn_{k}")
+          x = x + ffn(x.reshape(1, -1, d), deterministic=deterministic).reshape(x.shape)
+          continue
         x = MoELayer(moe, cfg.vocab_size, max(1, sublayers), moe.d_ff or cfg.d_ff, cfg.dropout, dtype,
                      name=f"moe_{k}")(x, tokens, in_stage1, deterministic)
       if block < cfg.num_layers:

@@ -15,6 +15,8 @@ import tqdm
 from stablemoe_jax import data as data_lib
 from stablemoe_jax.analysis.recorder import RoutingRecorder
 from stablemoe_jax.config_validation import validate_config
+from stablemoe_jax.data.token_counts import split_token_counts
+from stablemoe_jax.models import routers
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import data_parallel as dp
 from stablemoe_jax.train import checkpoint as ckpt_lib
@@ -61,9 +63,19 @@ class Experiment:
     self.eval_step = jax.jit(make_eval_step(self.model))
 
   def init_state(self) -> TrainState:
-    """A fresh state, replicated over the mesh."""
-    return create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len,
-                              dp.replicated(self.mesh))
+    """A fresh state, replicated over the mesh; routers built from the training data get their tables here."""
+    state = create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len,
+                               dp.replicated(self.mesh))
+    params = routers.fill_tables_from_data(state.params, self.config.model, self.train_token_counts)
+    if params is not state.params:
+      state = state.replace(params=jax.device_put(params, dp.replicated(self.mesh)))
+    return state
+
+  def train_token_counts(self) -> np.ndarray:
+    """Token-id counts of the training split, int64 [model.vocab_size] (computed once)."""
+    if not hasattr(self, "_train_token_counts"):
+      self._train_token_counts = split_token_counts(self.data, self.config.model.vocab_size)
+    return self._train_token_counts
 
   def jit_train_step(self):
     replicated = dp.replicated(self.mesh)

@@ -26,8 +26,13 @@ def _flatten(collection) -> dict[str, jax.Array]:
   return {key: value[0] for key, value in flat.items()}
 
 
-def _sum_named(flat: dict[str, jax.Array], name: str) -> jax.Array:
-  return sum((v for k, v in flat.items() if k.rsplit("/", 1)[-1] == name), jnp.zeros(()))
+def _sum_by_name(flat: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """{'moe_0/router/balance': x, 'moe_1/router/balance': y} -> {'balance': x + y}: each loss summed over layers."""
+  sums = {}
+  for key, value in flat.items():
+    name = key.rsplit("/", 1)[-1]
+    sums[name] = sums.get(name, jnp.zeros(())) + value
+  return sums
 
 
 def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable[[TrainState, Batch], tuple]:
@@ -57,8 +62,7 @@ def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable
     metrics = {
         "loss": loss,
         "task_loss": task_loss,
-        "balance_loss": _sum_named(aux, "balance"),
-        "distill_loss": _sum_named(aux, "distill"),
+        **{f"aux/{name}": value for name, value in _sum_by_name(aux).items()},  # every sown loss, by its name
         **{f"moe/{k}": v for k, v in moe_metrics.items()},
     }
     return grads, metrics

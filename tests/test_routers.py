@@ -1,0 +1,315 @@
+"""Routers and dense baselines against hand-computed values, scipy, and the StableMoE freeze on real data."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from scipy.optimize import linear_sum_assignment
+
+from configs import default
+from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.models import distill, routers
+from stablemoe_jax.models.balanced_assignment import balanced_assignment
+from stablemoe_jax.models.routers import (BalancedAssignment, DistilledRouterSpec, HashRouter, LearnedRouter,
+                                          SwitchSoftmax, balanced_hash_table)
+from stablemoe_jax.models.transformer import TransformerLM
+from stablemoe_jax.train import loop
+from stablemoe_jax.train.step import make_train_step
+
+from conftest import MAIN, REPO
+
+
+def apply_router(router, params, h, ids, stage1=True, deterministic=False, rng=0):
+  return router.apply({"params": params}, h, ids, jnp.array(stage1), deterministic,
+                      rngs={"dropout": jax.random.key(rng)}, mutable=["aux_loss", "moe_metrics"])
+
+
+# --- Switch ------------------------------------------------------------------------------------------------------
+
+def test_switch_assignment_gate_and_balance_loss_hand_computed():
+  # Centroids = identity, so the scores are h itself: 4 tokens, 2 experts.
+  h = jnp.array([[2.0, 0.0], [1.0, 0.0], [0.0, 1.0], [3.0, 1.0]])
+  router = LearnedRouter(num_experts=2, policy=SwitchSoftmax(balance_weight=0.5, z_loss_weight=0.1), centroid_gain=0.0)
+  params = {"centroids": jnp.eye(2)}
+  routing, sown = apply_router(router, params, h, jnp.zeros(4, jnp.int32))
+  np.testing.assert_array_equal(routing.expert_index, [0, 0, 1, 0])
+  p = lambda a, b: np.exp(a) / (np.exp(a) + np.exp(b))
+  probs0 = np.array([p(2, 0), p(1, 0), p(0, 1), p(3, 1)])  # P(expert 0) per token
+  np.testing.assert_allclose(routing.gate, [probs0[0], probs0[1], 1 - probs0[2], probs0[3]], rtol=1e-6)
+  # f = (3/4, 1/4); P = mean probs; loss = 0.5 * N * sum f_i P_i.
+  mean0 = probs0.mean()
+  want = 0.5 * 2 * (0.75 * mean0 + 0.25 * (1 - mean0))
+  assert float(sown["aux_loss"]["balance"][0]) == pytest.approx(want, rel=1e-6)
+  lse = np.log(np.exp(h).sum(-1))
+  assert float(sown["aux_loss"]["z_loss"][0]) == pytest.approx(0.1 * np.mean(lse**2), rel=1e-6)
+  # A uniform router gives the balance loss its minimum, the weight itself.
+  _, uniform = apply_router(router, {"centroids": jnp.zeros((2, 2))}, h, jnp.zeros(4, jnp.int32))
+  assert float(uniform["aux_loss"]["balance"][0]) == pytest.approx(0.5)
+
+
+def test_switch_jitter_only_in_training_and_z_loss_off_by_default():
+  h = jax.random.normal(jax.random.key(0), (64, 8))
+  router = LearnedRouter(num_experts=4, policy=SwitchSoftmax(), centroid_gain=0.0, jitter=0.5)
+  params = router.init(jax.random.key(1), h, jnp.zeros(64, jnp.int32), jnp.array(True))["params"]
+  train_a, sown = apply_router(router, params, h, None, rng=1)
+  train_b, _ = apply_router(router, params, h, None, rng=2)
+  evaluation, _ = apply_router(router, params, h, None, deterministic=True)
+  assert not np.allclose(train_a.gate, train_b.gate)  # the noise differs per rng ...
+  scores = np.asarray(h) @ np.asarray(params["centroids"]).T
+  np.testing.assert_allclose(evaluation.gate, jax.nn.softmax(scores).max(-1), rtol=1e-5)  # ... and is off at eval
+  assert set(sown["aux_loss"]) == {"balance"}
+
+
+# --- BASE --------------------------------------------------------------------------------------------------------
+
+def scipy_optimum(a):
+  capacity = a.shape[0] // a.shape[1]
+  repeated = np.repeat(a, capacity, axis=1)
+  rows, cols = linear_sum_assignment(repeated, maximize=True)
+  return repeated[rows, cols].sum()
+
+
+def test_base_hand_computed_balanced_assignment():
+  # Greedy would send tokens 0, 1, 2 to expert 0; the best balanced split moves token 1 (the cheapest move: 0.5).
+  a = np.array([[3.0, 0.0], [1.0, 0.5], [2.0, 0.0], [0.0, 1.0]], np.float32)
+  index, info = balanced_assignment(jnp.array(a))
+  np.testing.assert_array_equal(index, [0, 1, 0, 1])
+  assert bool(info["converged"])
+
+
+@pytest.mark.parametrize("tokens, experts, seed", [(12, 3, 0), (24, 4, 1), (32, 8, 2), (40, 4, 3), (64, 16, 4)])
+def test_base_assignment_is_balanced_and_within_its_bound_of_scipy(tokens, experts, seed):
+  a = np.random.RandomState(seed).randn(tokens, experts).astype(np.float32) * (1 + seed)
+  index, info = jax.jit(balanced_assignment)(jnp.array(a))
+  index = np.asarray(index)
+  np.testing.assert_array_equal(np.bincount(index, minlength=experts), tokens // experts)
+  assert bool(info["converged"])
+  gap = scipy_optimum(a) - a[np.arange(tokens), index].sum()
+  assert -1e-4 <= gap <= tokens * float(info["eps_final"]) + 1e-4
+
+
+def test_base_balanced_on_random_inputs_with_groups_greedy_at_inference_sigmoid_gate_no_loss():
+  h = jax.random.normal(jax.random.key(0), (2 * 96, 16))
+  router = LearnedRouter(num_experts=8, policy=BalancedAssignment(num_groups=2), centroid_gain=0.1)
+  params = router.init(jax.random.key(1), h, None, jnp.array(True))["params"]
+  params = {"centroids": params["centroids"] * 20 + jnp.arange(8.0)[:, None] * 0.3}  # skewed: greedy unbalanced
+  routing, sown = apply_router(router, params, h, None)
+  for group in np.asarray(routing.expert_index).reshape(2, 96):
+    np.testing.assert_array_equal(np.bincount(group, minlength=8), 12)
+  scores = np.asarray(h) @ np.asarray(params["centroids"]).T
+  np.testing.assert_allclose(routing.gate, 1 / (1 + np.exp(-scores[np.arange(192), routing.expert_index])), rtol=1e-5)
+  assert "aux_loss" not in sown and float(sown["moe_metrics"]["auction_converged"][0]) == 1.0
+  inference, _ = apply_router(router, params, h, None, deterministic=True)
+  greedy = np.argmax(scores, -1)
+  np.testing.assert_array_equal(inference.expert_index, greedy)
+  assert np.bincount(greedy, minlength=8).max() > 24  # so the balanced assignment above did real work
+
+
+# --- Hash --------------------------------------------------------------------------------------------------------
+
+def test_hash_is_deterministic_per_seed_gate_one_no_loss():
+  ids = jnp.arange(50).reshape(2, 25)
+  h = jnp.zeros((50, 4))
+  make = lambda seed: HashRouter(num_experts=4, vocab_size=50, seed=seed)
+  tables = [make(s).init(jax.random.key(k), h, ids, jnp.array(True))["params"]["table"] for s, k in
+            [(0, 0), (0, 1), (1, 0)]]
+  np.testing.assert_array_equal(tables[0], tables[1])  # the init key does not matter, the seed does
+  assert not np.array_equal(tables[0], tables[2])
+  routing, sown = apply_router(make(0), {"table": tables[0]}, h, ids)
+  np.testing.assert_array_equal(routing.expert_index, np.asarray(tables[0], int))
+  np.testing.assert_array_equal(routing.gate, 1.0)
+  assert "aux_loss" not in sown
+
+
+def test_balanced_hash_table_bin_packs_by_frequency():
+  counts = np.array([10, 1, 6, 5, 0, 3])
+  table = balanced_hash_table(counts, 2, seed=0)
+  # Decreasing counts 10, 6, 5, 3, 1, 0 (ids 0, 2, 3, 5, 1, 4) go to the lighter expert:
+  # 10 -> e0 (10, 0), 6 -> e1 (10, 6), 5 -> e1 (10, 11), 3 -> e0 (13, 11), 1 -> e1 (13, 12), 0 -> e1.
+  assert list(table[[0, 2, 3, 5, 1, 4]]) == [0, 1, 1, 0, 1, 1]
+  zipf = (1000 / np.arange(1, 2001)).astype(int)
+  loads = np.bincount(balanced_hash_table(zipf, 8, seed=3), weights=zipf, minlength=8)
+  assert loads.max() - loads.min() <= zipf.max()  # a greedy packing is within one item of even
+  random_loads = np.bincount(routers.random_hash_table(2000, 8, 3), weights=zipf, minlength=8)
+  assert loads.max() - loads.min() < random_loads.max() - random_loads.min()
+  np.testing.assert_array_equal(balanced_hash_table(zipf, 8, seed=3), balanced_hash_table(zipf, 8, seed=3))
+
+
+# --- distilled router variants -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["embedding", "cnn", "transformer"])
+def test_distilled_routers_are_causal(kind):
+  spec = DistilledRouterSpec(kind=kind, dim=8, kernel_size=3, num_layers=2, num_heads=2)
+  router = distill.make_distilled_router(spec, vocab_size=20, num_experts=4)
+  ids = jax.random.randint(jax.random.key(0), (2, 10), 0, 20)
+  params = router.init(jax.random.key(1), ids)["params"]
+  logits = np.asarray(router.apply({"params": params}, ids)).reshape(2, 10, 4)
+  changed = ids.at[:, 6].set((ids[:, 6] + 1) % 20)
+  after = np.asarray(router.apply({"params": params}, changed)).reshape(2, 10, 4)
+  np.testing.assert_array_equal(logits[:, :6], after[:, :6])  # positions before 6 never see token 6
+  assert not np.allclose(logits[:, 6], after[:, 6])
+  if kind != "embedding":  # ... while the context matters for the contextual variants
+    assert not np.allclose(logits[:, 7:9], after[:, 7:9])
+
+
+# --- dense baselines ---------------------------------------------------------------------------------------------
+
+def tiny_model_config(**moe):
+  config = default.get_config().model
+  config.vocab_size, config.d_model, config.num_heads, config.num_layers, config.d_ff = 300, 16, 2, 2, 32
+  config.max_len, config.moe.num_experts, config.moe.sublayers_per_expert = 8, 4, 2
+  config.moe.distilled_router.dim = 6
+  config.moe.update(moe)
+  return config
+
+
+def real_param_count(config):
+  params = TransformerLM(config).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.array(True))["params"]
+  return sum(x.size for x in jax.tree.leaves(params)), params
+
+
+@pytest.mark.parametrize("placement", ["middle", "scattered"])
+def test_dense_deeper_and_wider_match_the_moe_total_within_one_percent(placement):
+  config = tiny_model_config(placement=placement, sublayers_per_expert=3 if placement == "scattered" else 2)
+  moe_total, _ = real_param_count(config)
+  config.moe.enabled = False
+  standard, _ = real_param_count(config)
+  for how in ("deeper", "wider"):
+    config.dense_match = how
+    total, params = real_param_count(config)
+    assert abs(total / moe_total - 1) < 0.01, (how, total, moe_total)
+    assert not any(k.startswith("moe_") for k in params) and any(k.startswith("dense_ffn_") for k in params)
+    w_in = params["dense_ffn_0"]["w_in"]
+    if how == "deeper":
+      assert w_in.shape[1] > 2 and abs(w_in.shape[-1] - 32) <= 8  # more sublayers of about the expert width
+    else:
+      assert w_in.shape[1] == (1 if placement == "scattered" else 2) and w_in.shape[-1] > 64  # wider sublayers
+  assert standard < 0.7 * moe_total
+
+
+# --- config errors -----------------------------------------------------------------------------------------------
+
+def test_default_router_sections_equal_the_registry_defaults():
+  moe = default.get_config().model.moe
+  for name, entry in routers.ROUTERS.items():
+    assert moe[name].to_dict() == entry.defaults, name
+  assert moe.distilled_router.to_dict() == routers.DISTILLED_ROUTER_DEFAULTS
+
+
+@pytest.mark.parametrize("router, key, value, message", [
+    ("stablemoe", "switch.balance_weight", 0.1, "model.moe.switch.balance_weight=0.1 is a setting of router 'switch'"),
+    ("base", "stablemoe.balance_alpha", 0.5, "--config.model.moe.router=stablemoe"),
+    ("switch", "switch.z_loss_weight", -1.0, "model.moe.switch.z_loss_weight=-1.0 must be >= 0"),
+    ("switch", "switch.jitter", 1.5, "model.moe.switch.jitter=1.5 must lie in"),
+    ("hash", "hash.table", "zipf", "model.moe.hash.table='zipf' is unknown"),
+    ("stablemoe", "distilled_router.kind", "lstm", "kind='lstm' is unknown"),
+])
+def test_router_settings_are_validated_only_for_the_chosen_router(router, key, value, message):
+  config = default.get_config()
+  config.model.moe.router = router
+  section, name = key.split(".")
+  config.model.moe[section][name] = value
+  with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    validate_config(config)
+
+
+def test_base_needs_tokens_divisible_by_experts():
+  config = default.get_config()
+  config.model.moe.router, config.model.moe.num_experts = "base", 24
+  with pytest.raises(ConfigError, match="not divisible by model.moe.num_groups"):
+    validate_config(config)
+
+
+def test_command_line_errors_for_router_settings(tmp_path):
+  import os
+  import subprocess
+  run = lambda *args: subprocess.run([*MAIN, "--workdir", str(tmp_path), *args], cwd=REPO, env=dict(os.environ),
+                                     capture_output=True, text=True, timeout=300)
+  unselected = run("--config.model.moe.base.fixed_routing=True")
+  assert unselected.returncode == 2 and "Traceback" not in unselected.stderr
+  assert "model.moe.base.fixed_routing=True is a setting of router 'base'" in unselected.stderr
+  unknown = run("--config.model.moe.router=switch", "--config.model.moe.switch.balance_wieght=0.1")
+  assert unknown.returncode == 2 and 'Did you mean "balance_weight"' in unknown.stderr
+
+
+# --- training: the freeze, the losses' names, and a short real-data run per router -------------------------------
+
+@pytest.fixture(scope="module")
+def shared_workdir(tmp_path_factory):
+  """One workdir for the runs that save no checkpoint, so the data is prepared once."""
+  return tmp_path_factory.mktemp("routers_data")
+
+
+def _distilled(params):
+  return params["moe_0"]["router"]["distilled_router"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("router", ["switch", "base"])
+def test_fixed_routing_freezes_the_distilled_router_bit_for_bit(tiny_config, shared_workdir, router):
+  tiny_config.model.moe.router = router
+  tiny_config.model.moe[router].fixed_routing = True
+  tiny_config.train.steps, tiny_config.train.stage1_steps = 7, 3
+  exp = loop.Experiment(tiny_config, shared_workdir)
+  state = exp.init_state()
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config))
+  batches = exp.data.train_iterator(4, 16, seed=0)
+  history, metrics = [jax.device_get(state.params)], []
+  for _ in range(7):
+    state, m = step_fn(state, next(batches))
+    history.append(jax.device_get(state.params))
+    metrics.append(jax.device_get(m))
+  assert [int(m["stage"]) for m in metrics] == [1, 1, 1, 2, 2, 2, 2]
+  assert not np.array_equal(_distilled(history[2])["embedding"], _distilled(history[3])["embedding"])
+  for later in history[4:]:
+    jax.tree.map(np.testing.assert_array_equal, _distilled(history[3]), _distilled(later))
+  for before, after in zip(history[3:-1], history[4:]):
+    assert not np.array_equal(before["moe_0"]["router"]["centroids"], after["moe_0"]["router"]["centroids"])
+  # Stage 1 logs the router's own loss and the distillation loss under their names; stage 2 turns them off.
+  assert metrics[0]["aux/distill"] > 0 and all(m["aux/distill"] == 0 for m in metrics[3:])
+  if router == "switch":
+    assert metrics[0]["aux/balance"] > 0 and all(m["aux/balance"] == 0 for m in metrics[3:])
+
+
+SMOKE = [("stablemoe", {}), ("switch", {"switch.z_loss_weight": 1e-3, "switch.jitter": 0.01}), ("base", {}),
+         ("hash", {"hash.table": "balanced"}), ("stablemoe", {"distilled_router.kind": "transformer"})]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("router, settings", SMOKE)
+def test_each_router_trains_on_real_data(tiny_config, shared_workdir, router, settings):
+  tiny_config.model.moe.router = router
+  for key, value in settings.items():
+    section, name = key.split(".")
+    tiny_config.model.moe[section][name] = value
+  tiny_config.train.steps, tiny_config.train.stage1_steps, tiny_config.train.learning_rate = 20, 8, 1e-2
+  exp = loop.Experiment(tiny_config, shared_workdir)
+  state = exp.init_state()
+  initial = jax.device_get(state.params)
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config))
+  batches = exp.data.train_iterator(4, 16, seed=0)
+  losses = []
+  for _ in range(20):
+    state, metrics = step_fn(state, next(batches))
+    losses.append(float(metrics["task_loss"]))
+  assert np.all(np.isfinite(losses)) and np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5
+  if router == "hash":  # the balanced table came from the training counts and never moves
+    table = initial["moe_0"]["router"]["table"]
+    counts = exp.train_token_counts()
+    np.testing.assert_array_equal(table, balanced_hash_table(counts, 4, seed=0))
+    np.testing.assert_array_equal(jax.device_get(state.params)["moe_0"]["router"]["table"], table)
+    assert not np.array_equal(table, routers.random_hash_table(len(counts), 4, 0))
+  if router == "switch":
+    assert "aux/z_loss" in metrics and "aux/balance" in metrics
+  assert float(exp.evaluate(state.params, "valid", max_batches=1)["perplexity"]) < 3000
+
+
+@pytest.mark.slow
+def test_balanced_hash_table_survives_checkpoint_and_evaluation(tiny_config, tmp_path):
+  tiny_config.model.moe.router, tiny_config.model.moe.hash.table = "hash", "balanced"
+  tiny_config.train.steps, tiny_config.train.stage1_steps, tiny_config.train.eval_every = 4, 2, 100
+  summary = loop.train_and_evaluate(tiny_config, tmp_path)
+  result = loop.evaluate_checkpoint(tiny_config, tmp_path, split="test")
+  assert result["perplexity"] == summary["test"]["perplexity"]

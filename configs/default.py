@@ -63,4 +63,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict()
   config.eval.batch_size = 32
   config.eval.seq_len = 128
+  # 0 (or eval.seq_len): non-overlapping blocks, mean context ~seq_len / 2. 0 < stride < seq_len: sliding
+  # windows advancing by stride, each token scored once with >= seq_len - stride tokens of context.
+  config.eval.stride = 0
   return config

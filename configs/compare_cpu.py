@@ -13,7 +13,7 @@ from configs import default
 def get_config() -> ml_collections.ConfigDict:
   config = default.get_config()
   config.train.steps = 300  # 300 x 16 x 128 = 614K tokens (two thirds of a PTB epoch) per method
-  config.train.stage1_steps = 90  # routing learned (or distilled, for fixed-routing variants) in the first 30%
+  config.train.stage1_steps = 100  # routing learned (and distilled, for fixed-routing variants) in the first third
   config.train.warmup_steps = 30
   config.train.eval_every = 50  # points of the convergence plot
   config.train.eval_batches = 0  # the whole validation split at each point (PTB: 18 batches)

@@ -38,7 +38,8 @@ def method_rows(records: list[dict]) -> list[dict]:
         "shared_params": first["shared_params"], "expert_params": first["expert_params"],
         "total_params": first["total_params"], "flops_per_token": first["flops_per_token"],
         "valid_ppl_mean": valid[0], "valid_ppl_std": valid[1], "test_ppl_mean": test[0], "test_ppl_std": test[1],
-        "valid_ppl": [s["valid"]["perplexity"] for s in summaries], "test_ppl": [s["test"]["perplexity"] for s in summaries],
+        "valid_ppl": [s["valid"]["perplexity"] for s in summaries],
+        "test_ppl": [s["test"]["perplexity"] for s in summaries],
         "tokens_per_second": float(np.mean([s["tokens_per_second"] for s in summaries])),
         "train_seconds": float(np.mean([s["train_seconds"] for s in summaries])),
         "distill_agreement_at_boundary": (float(np.mean(agreements)) if all(a is not None for a in agreements)

@@ -99,7 +99,8 @@ class Experiment:
     cfg = self.config.eval
     stride = cfg.get("stride", 0)
     sliding = 0 < stride < cfg.seq_len
-    return {"mode": "sliding" if sliding else "blocks", "seq_len": cfg.seq_len, "stride": stride if sliding else cfg.seq_len}
+    return {"mode": "sliding" if sliding else "blocks", "seq_len": cfg.seq_len,
+            "stride": stride if sliding else cfg.seq_len}
 
   def routing_agreement(self, params, split: str = "valid", max_batches: int = 0) -> float | None:
     """Share of ``split``'s tokens whose distilled-router expert equals the learned (stage-1) expert.

@@ -69,6 +69,8 @@ COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
     ("test PPL", lambda r: _ppl(r, "test")),
     ("train tokens/s", lambda r: f"{r['tokens_per_second']:,.0f}"),
     ("train wall time", lambda r: f"{r['train_seconds'] / 60:.1f} min"),
+    ("distill agreement at stage-1 end", lambda r: "--" if r["distill_agreement_at_boundary"] is None
+     else f"{r['distill_agreement_at_boundary']:.1%}"),
 ]
 
 
@@ -88,7 +90,8 @@ def _budget_note(config, rows: list[dict]) -> str:
           f"({train.steps * train.batch_size * train.seq_len:,} tokens), {train.stage1_steps} in stage 1 where a "
           f"method has one; {seeds} seed(s), perplexity mean{' ± sample std' if seeds > 1 else ''} over seeds, on "
           f"every token of the split ({mode}). FLOPs: forward matmuls per token, top-1 (the active expert only). "
-          f"Wall time and tokens/s: training only, evaluations excluded.\n")
+          f"Wall time and tokens/s: training (compilation included), evaluations excluded. Distill agreement: "
+          f"validation tokens whose distilled-router expert is the learned one, at the end of stage 1.\n")
 
 
 def write_plot(rows: list[dict], path: pathlib.Path) -> None:

@@ -47,6 +47,10 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
     _require(0 < seq_len <= model.max_len,
              f"{section}.seq_len={seq_len} must lie in (0, model.max_len={model.max_len}]; "
              f"raise --config.model.max_len or lower --config.{section}.seq_len.")
+  stride = config.eval.get("stride", 0)
+  _require(0 <= stride <= config.eval.seq_len,
+           f"eval.stride={stride} must lie in [0, eval.seq_len={config.eval.seq_len}]; 0 or eval.seq_len scores "
+           f"non-overlapping blocks, a smaller stride sliding windows (e.g. --config.eval.stride=64).")
   _require(model.d_model % model.num_heads == 0,
            f"model.d_model={model.d_model} must be divisible by model.num_heads={model.num_heads}.")
   _require(0.0 <= model.dropout < 1.0, f"model.dropout={model.dropout} must lie in [0, 1).")

@@ -91,3 +91,48 @@ class EvalRows:
       targets[:n] = tokens[1:]
       weights[:n] = 1.0
     return {'inputs': inputs, 'targets': targets, 'weights': weights}
+
+
+class SlidingEvalRows:
+  """Overlapping windows of S inputs advancing by ``stride``, scoring every prediction once.
+
+  Window k reads inputs stream[k*stride : k*stride + S] (targets shifted by one).
+  Window 0 scores all its S predictions; window k >= 1 scores only its last
+  ``stride`` positions, the predictions no earlier window scored, so each has at
+  least S - stride tokens of context. The last window is padded (id ``pad_id``,
+  weight 0) past the stream's end; ``num_padded_rows`` optional all-padding rows
+  let the windows fill whole batches. ``stride == S`` gives `EvalRows`' rows.
+  """
+
+  def __init__(self, stream: TokenStream, seq_len: int, stride: int, num_padded_rows: int = 0, pad_id: int = 0):
+    if seq_len < 1 or not 0 < stride <= seq_len:
+      raise ValueError(f'Need seq_len >= 1 and 0 < stride <= seq_len, got seq_len={seq_len}, stride={stride}.')
+    self._stream = stream
+    self.seq_len = seq_len
+    self.stride = stride
+    self.pad_id = pad_id
+    self.num_targets = max(len(stream) - 1, 0)
+    beyond_first = max(self.num_targets - seq_len, 0)
+    self.num_data_rows = (1 + -(-beyond_first // stride)) if self.num_targets else 0
+    self._len = self.num_data_rows + num_padded_rows
+
+  def __len__(self) -> int:
+    return self._len
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    index = int(index)
+    if not 0 <= index < self._len:
+      raise IndexError(f'window {index} out of range [0, {self._len})')
+    s = self.seq_len
+    inputs = np.full(s, self.pad_id, dtype=np.int32)
+    targets = np.full(s, self.pad_id, dtype=np.int32)
+    weights = np.zeros(s, dtype=np.float32)
+    if index < self.num_data_rows:
+      start = index * self.stride  # Input position of the window's first token.
+      n = min(s, self.num_targets - start)
+      tokens = self._stream.read(start, start + n + 1)
+      inputs[:n] = tokens[:-1]
+      targets[:n] = tokens[1:]
+      first_scored = 0 if index == 0 else s - self.stride
+      weights[first_scored:n] = 1.0
+    return {'inputs': inputs, 'targets': targets, 'weights': weights}

@@ -98,14 +98,22 @@ def train_iterator(
 
 
 def eval_batches(
-    stream: TokenStream, batch_size: int, seq_len: int, pad_id: int = 0
+    stream: TokenStream, batch_size: int, seq_len: int, pad_id: int = 0, stride: int = 0
 ) -> Iterator[Batch]:
-  """Batches covering every prediction of the stream once, in order (last one padded)."""
+  """Batches covering every prediction of the stream once, in order (last one padded).
+
+  ``stride`` 0 or ``seq_len``: non-overlapping rows (`blocks.EvalRows`); ``0 < stride < seq_len``:
+  sliding windows (`blocks.SlidingEvalRows`), each prediction scored once with >= seq_len - stride
+  tokens of context (the first window's excepted).
+  """
   if batch_size < 1:
     raise ValueError(f'batch_size must be positive, got {batch_size}.')
-  rows = blocks_lib.EvalRows(stream, seq_len, pad_id=pad_id)
-  padding = -rows.num_data_rows % batch_size
-  rows = blocks_lib.EvalRows(stream, seq_len, num_padded_rows=padding, pad_id=pad_id)
+  if 0 < stride < seq_len:
+    make_rows = lambda padding: blocks_lib.SlidingEvalRows(stream, seq_len, stride, padding, pad_id)
+  else:
+    make_rows = lambda padding: blocks_lib.EvalRows(stream, seq_len, num_padded_rows=padding, pad_id=pad_id)
+  rows = make_rows(0)
+  rows = make_rows(-rows.num_data_rows % batch_size)
   ds = grain.MapDataset.source(rows).batch(batch_size)
   for i in range(len(ds)):
     yield ds[i]
@@ -156,9 +164,9 @@ class LMData:
         self.stream('train'), batch_size, seq_len, seed, shard_index, shard_count, read_options
     )
 
-  def eval_batches(self, split: str, batch_size: int, seq_len: int) -> Iterator[Batch]:
-    """[batch_size, seq_len] batches covering the split's predictions once, in order."""
-    return eval_batches(self.stream(split), batch_size, seq_len)
+  def eval_batches(self, split: str, batch_size: int, seq_len: int, stride: int = 0) -> Iterator[Batch]:
+    """[batch_size, seq_len] batches covering the split's predictions once, in order (see `eval_batches`)."""
+    return eval_batches(self.stream(split), batch_size, seq_len, stride=stride)
 
 
 def _get(config: Any, name: str, default: Any) -> Any:

@@ -20,10 +20,10 @@ from stablemoe_jax.models import routers
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import data_parallel as dp
 from stablemoe_jax.train import checkpoint as ckpt_lib
-from stablemoe_jax.train.metrics import MetricWriter
+from stablemoe_jax.train.metrics import MetricWriter, last_logged
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import TrainState, create_train_state
-from stablemoe_jax.train.step import make_eval_step, make_train_step
+from stablemoe_jax.train.step import make_eval_step, make_routing_agreement_step, make_train_step
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -61,6 +61,7 @@ class Experiment:
         self.workdir / "checkpoints", config, keep=config.train.keep_checkpoints
     )
     self.eval_step = jax.jit(make_eval_step(self.model))
+    self.routing_agreement_step = jax.jit(make_routing_agreement_step(self.model))
 
   def init_state(self) -> TrainState:
     """A fresh state, replicated over the mesh; routers built from the training data get their tables here."""
@@ -95,7 +96,8 @@ class Experiment:
   def evaluate(self, params, split: str, max_batches: int = 0) -> dict[str, float]:
     """Perplexity on ``split`` with the inference routing; ``max_batches > 0`` evaluates a prefix."""
     cfg = self.config.eval
-    batches: Iterable = dp.global_batches(self.data.eval_batches(split, cfg.batch_size, cfg.seq_len), self.mesh)
+    batches: Iterable = dp.global_batches(
+        self.data.eval_batches(split, cfg.batch_size, cfg.seq_len, stride=cfg.get("stride", 0)), self.mesh)
     nll, tokens = 0.0, 0.0
     for i, batch in enumerate(batches):
       if max_batches > 0 and i >= max_batches:
@@ -104,6 +106,32 @@ class Experiment:
       nll, tokens = nll + sums["nll_sum"], tokens + sums["tokens"]
     loss = float(nll) / max(float(tokens), 1.0)
     return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "tokens": int(tokens)}
+
+  def eval_mode(self) -> dict:
+    """How ``evaluate`` scores a split: non-overlapping blocks or sliding windows."""
+    cfg = self.config.eval
+    stride = cfg.get("stride", 0)
+    sliding = 0 < stride < cfg.seq_len
+    return {"mode": "sliding" if sliding else "blocks", "seq_len": cfg.seq_len,
+            "stride": stride if sliding else cfg.seq_len}
+
+  def routing_agreement(self, params, split: str = "valid", max_batches: int = 0) -> float | None:
+    """Share of ``split``'s tokens whose distilled-router expert equals the learned (stage-1) expert.
+
+    None when the model has no distilled router. Counts every position of the batches evaluated
+    (the last batch's padding too); ``max_batches > 0`` uses a prefix.
+    """
+    cfg = self.config.eval
+    agree, count = 0.0, 0
+    for i, batch in enumerate(dp.global_batches(self.data.eval_batches(split, cfg.batch_size, cfg.seq_len),
+                                                self.mesh)):
+      if max_batches > 0 and i >= max_batches:
+        break
+      value = self.routing_agreement_step(params, batch)
+      if value is None:
+        return None
+      agree, count = agree + float(value), count + 1
+    return agree / max(count, 1)
 
 
 def _check_finite(loss: float, step: int, last_checkpoint: int | None) -> None:
@@ -142,10 +170,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   recorder.after_step(state, start)
   is_chief = jax.process_index() == 0
   writer = MetricWriter(exp.workdir, resume_step=start) if is_chief else None
+  # Training seconds (evaluations excluded) summed over this run and the runs it resumes.
+  train_seconds = (last_logged(exp.workdir, "train_seconds", start) or 0.0) if start else 0.0
   train_step = exp.jit_train_step()
   tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
   last_checkpoint = start if start else None
-  started = time.time()
+  started = mark = time.time()
   window_start, window_metrics = time.time(), []
   progress = tqdm.tqdm(total=train_cfg.steps, initial=start, desc="train", dynamic_ncols=True, mininterval=1.0,
                        disable=not is_chief)
@@ -159,20 +189,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         window = jax.device_get(window_metrics)
         averaged = {k: np.mean([m[k] for m in window], axis=0) for k in window[0]}
         averaged["stage"] = window[-1]["stage"]
-        elapsed = time.time() - window_start
+        now = time.time()
+        elapsed = now - window_start
+        train_seconds, mark = train_seconds + now - mark, now
         averaged["tokens_per_second"] = len(window) * tokens_per_step / elapsed
+        averaged["train_seconds"] = train_seconds
         _check_finite(float(averaged["loss"]), step, last_checkpoint)
         if writer:
           writer.write(step, averaged)
         progress.set_postfix(loss=f"{averaged['task_loss']:.3f}", stage=int(averaged["stage"]),
                              tok_s=f"{averaged['tokens_per_second']:.0f}")
         window_start, window_metrics = time.time(), []
+      if step == train_cfg.stage1_steps and step != train_cfg.steps:
+        train_seconds = train_seconds + time.time() - mark
+        agreement = exp.routing_agreement(state.params, "valid", train_cfg.eval_batches)
+        if writer and agreement is not None:
+          writer.write(step, {"distill_agreement_at_boundary": agreement})
+          progress.write(f"step {step} (end of stage 1): distilled router agrees with the learned routing on "
+                         f"{agreement:.1%} of validation tokens")
+        window_start = mark = time.time()
       if step % train_cfg.eval_every == 0 and step != train_cfg.steps:
+        train_seconds = train_seconds + time.time() - mark
         valid = exp.evaluate(state.params, "valid", train_cfg.eval_batches)
         if writer:
-          writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"]})
+          writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"],
+                              "train_seconds": train_seconds})
         progress.write(f"step {step}: valid perplexity {valid['perplexity']:.2f}")
-        window_start = time.time()  # tokens/s counts training time only
+        window_start = mark = time.time()  # tokens/s and train_seconds count training time only
       if stop_at_step is not None and step == stop_at_step:
         return {"stopped_at_step": step}
       if step % train_cfg.checkpoint_every == 0 or step == train_cfg.steps:
@@ -180,11 +223,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         exp.checkpointer.save(step, state, train_iter.get_state())
         last_checkpoint = step
     progress.close()
-    train_seconds = time.time() - started
+    train_seconds = train_seconds + time.time() - mark
     summary = {
         "steps": train_cfg.steps,
         "stage1_steps": train_cfg.stage1_steps,
-        "train_seconds_this_run": round(train_seconds, 1),
+        "train_seconds_this_run": round(time.time() - started, 1),
+        "train_seconds": round(train_seconds, 1),  # all runs of this workdir, evaluations excluded
+        "tokens_per_second": round(train_cfg.steps * tokens_per_step / max(train_seconds, 1e-9), 1),
+        "distill_agreement_at_boundary": last_logged(exp.workdir, "distill_agreement_at_boundary", train_cfg.steps),
+        "eval": exp.eval_mode(),
         "valid": exp.evaluate(state.params, "valid"),
         "test": exp.evaluate(state.params, "test"),
     }

@@ -42,3 +42,20 @@ class MetricWriter:
   def close(self) -> None:
     self._jsonl.close()
     self._tb.close()
+
+
+def read_metrics(workdir: pathlib.Path) -> list[dict]:
+  """The records of ``workdir/metrics.jsonl`` in order ([] if there is none)."""
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def last_logged(workdir: pathlib.Path, name: str, up_to_step: int):
+  """The value of ``name`` in the last record at a step <= ``up_to_step`` that has it, else None."""
+  found = None
+  for record in read_metrics(workdir):
+    if record["step"] <= up_to_step and name in record:
+      found = record[name]
+  return found

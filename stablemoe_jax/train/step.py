@@ -101,3 +101,18 @@ def make_eval_step(model) -> Callable[[dict, Batch], dict[str, jax.Array]]:
     weights = batch["weights"]
     return {"nll_sum": jnp.sum(token_nll(logits, batch["targets"]) * weights), "tokens": weights.sum()}
   return eval_step
+
+
+def make_routing_agreement_step(model) -> Callable[[dict, Batch], jax.Array | None]:
+  """``(params, batch) -> share of the batch's tokens`` whose distilled-router expert is the learned one.
+
+  Runs the model with stage-1 routing (the learned assignment) and reads the ``distill_accuracy``
+  metric every distilled router sows (mean over MoE layers); None if no router sows it.
+  """
+  def agreement_step(params, batch: Batch):
+    _, sown = model.apply({"params": params}, batch["inputs"], jnp.array(True), deterministic=True,
+                          mutable=[METRICS])
+    flat = _flatten(sown.get(METRICS, {}))
+    values = [v for k, v in flat.items() if k.rsplit("/", 1)[-1] == "distill_accuracy"]
+    return sum(values) / len(values) if values else None
+  return agreement_step

@@ -1,0 +1,26 @@
+"""The paper's comparison (Table 3) at CPU scale: 8 methods x 1 seed, about 5 minutes each on 2 cores.
+
+Run: python -m stablemoe_jax.compare --config configs/compare_cpu.py --workdir runs/compare
+Subsets and seeds: --config.compare.methods=stablemoe,dense --config.compare.seeds=3
+Every method is the CPU default's model (configs/default.py) with its overrides from
+stablemoe_jax/compare/methods.py, trained under this file's budget.
+"""
+import ml_collections
+
+from configs import default
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = default.get_config()
+  config.train.steps = 300  # 300 x 16 x 128 = 614K tokens (two thirds of a PTB epoch) per method
+  config.train.stage1_steps = 100  # routing learned (and distilled, for fixed-routing variants) in the first third
+  config.train.warmup_steps = 30
+  config.train.eval_every = 50  # points of the convergence plot
+  config.train.eval_batches = 0  # the whole validation split at each point (PTB: 18 batches)
+  config.train.checkpoint_every = 100
+
+  config.compare = ml_collections.ConfigDict()
+  # Comma-separated names from stablemoe_jax/compare/methods.py METHODS, run in this order.
+  config.compare.methods = "stablemoe,switch,base,hash,base_fixed,dense,dense_deeper,dense_wider"
+  config.compare.seeds = 1  # runs per method, with seeds config.seed, config.seed + 1, ...
+  return config

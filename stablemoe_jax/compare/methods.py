@@ -1,0 +1,94 @@
+"""The compared methods: each a name, a label and a set of ``model.*`` config overrides.
+
+Every method trains under the run config's budget (steps, batch, sequence length, data, shared
+layers); a method may only change ``model.*`` keys, so the budget is the same for all.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from stablemoe_jax.config_validation import ConfigError, validate_config
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """A compared method: ``name`` on the command line, ``label`` in the table, ``overrides`` {dotted key: value}."""
+
+  name: str
+  label: str
+  overrides: dict[str, Any]
+
+
+# The one table of methods. Keys are config paths, as on the command line (--config.model.moe.router=switch).
+METHODS = {m.name: m for m in [
+    Method("stablemoe", "StableMoE", {"model.moe.router": "stablemoe"}),
+    Method("switch", "Switch Transformer", {"model.moe.router": "switch"}),
+    Method("base", "BASE Layer", {"model.moe.router": "base"}),
+    Method("hash", "Hash Layer", {"model.moe.router": "hash"}),
+    Method("base_fixed", "BASE Layer + fixed routing",
+           {"model.moe.router": "base", "model.moe.base.fixed_routing": True}),
+    Method("dense", "dense Transformer (same shared layers)", {"model.moe.enabled": False}),
+    Method("dense_deeper", "dense deeper (MoE total params)", {"model.dense_match": "deeper"}),
+    Method("dense_wider", "dense wider (MoE total params)", {"model.dense_match": "wider"}),
+]}
+
+
+def parse_method_names(text: str) -> list[str]:
+  """``'stablemoe, switch'`` -> ``['stablemoe', 'switch']``; unknown or repeated names are a ConfigError."""
+  names = [name.strip() for name in str(text).split(",") if name.strip()]
+  if not names:
+    raise ConfigError(f"compare.methods is empty; give a comma-separated list of {', '.join(METHODS)}.")
+  for name in names:
+    if name not in METHODS:
+      raise ConfigError(f"compare.methods: unknown method {name!r}; choose from {', '.join(METHODS)} "
+                        f"(e.g. --config.compare.methods=stablemoe,dense).")
+  if len(set(names)) != len(names):
+    raise ConfigError(f"compare.methods={text!r} names a method twice.")
+  return names
+
+
+def apply_overrides(config: ml_collections.ConfigDict, method: Method) -> ml_collections.ConfigDict:
+  """A copy of ``config`` with ``method``'s overrides set; a key the config lacks is a ConfigError."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  for key, value in method.overrides.items():
+    if not key.startswith("model."):
+      raise ConfigError(f"method {method.name!r} overrides {key}; methods may only change model.* keys, "
+                        f"so that every method trains under the same budget.")
+    *parents, leaf = key.split(".")
+    node = config
+    for depth, part in enumerate(parents):
+      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        raise ConfigError(f"method {method.name!r} sets {key}={value!r}, but the config has no section "
+                          f"{'.'.join(parents[:depth + 1])}: this codebase does not offer that method yet "
+                          f"(leave it out of --config.compare.methods).")
+      node = node[part]
+    if leaf not in node:
+      raise ConfigError(f"method {method.name!r} sets {key}={value!r}, but the config has no key {key}: this "
+                        f"codebase does not offer that method yet (leave it out of --config.compare.methods).")
+    try:
+      node[leaf] = value
+    except (TypeError, ValueError) as error:
+      raise ConfigError(f"method {method.name!r} sets {key}={value!r}: {error}") from error
+  return config
+
+
+def method_configs(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+  """{name: config} for every method in ``config.compare.methods``, all validated before any training."""
+  configs = {}
+  for name in parse_method_names(config.compare.methods):
+    method_config = apply_overrides(config, METHODS[name])
+    try:
+      validate_config(method_config)
+    except ConfigError as error:
+      raise ConfigError(f"method {name!r} ({_describe(METHODS[name])}): {error}") from error
+    configs[name] = method_config
+  if config.compare.seeds < 1:
+    raise ConfigError(f"compare.seeds={config.compare.seeds} must be >= 1.")
+  return configs
+
+
+def _describe(method: Method) -> str:
+  return " ".join(f"--config.{k}={v}" for k, v in method.overrides.items())

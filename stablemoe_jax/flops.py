@@ -1,0 +1,59 @@
+"""Analytic forward FLOPs per token and the shared / expert parameter split, from a parameter tree.
+
+FLOPs count matrix multiplications at 2 per multiply-add (elementwise work -- LayerNorm, softmax,
+ReLU, gates -- is left out, as in the papers' counts). Read off the parameter shapes, so any model
+built from these modules is covered (dense, deeper, wider, any router):
+
+* every ``kernel`` (Dense, DenseGeneral, convolutions applied once per token): ``2 * size``;
+* the tied token embedding (``embed/embedding``) as the LM head: ``2 * V * d`` (the lookup is free);
+  a distilled router's embedding is a lookup: 0;
+* router ``centroids`` [N, d]: ``2 * N * d`` (every expert's score is computed);
+* expert weights ``w_in`` [E, s, d, f] and ``w_out`` [E, s, f, d]: ``2 * size / E * capacity_factor``
+  (top-1: one expert per token; ``capacity_factor`` 1 is the active count, c > 1 is what
+  capacity-padded buffers compute);
+* each causal self-attention: ``4 * S * d`` for ``QK^T`` and ``AV`` over all S keys (computed for the
+  whole square and masked, as ``jax.nn.dot_product_attention`` does).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from flax import traverse_util
+
+EXPERTS_MODULE = "experts"
+
+
+def _flat(params: Any) -> dict[tuple[str, ...], Any]:
+  return traverse_util.flatten_dict(params)
+
+
+def param_counts(params: Any) -> dict[str, int]:
+  """``{'shared', 'expert', 'total'}`` parameter counts; expert = everything under an ``experts`` module."""
+  shared = expert = 0
+  for path, leaf in _flat(params).items():
+    size = math.prod(leaf.shape)
+    if EXPERTS_MODULE in path[:-1]:
+      expert += size
+    else:
+      shared += size
+  return {"shared": shared, "expert": expert, "total": shared + expert}
+
+
+def forward_flops_per_token(params: Any, seq_len: int, capacity_factor: float = 1.0) -> int:
+  """Forward FLOPs per token of a decoder LM with parameters ``params`` on sequences of ``seq_len``."""
+  flops = 0.0
+  for path, leaf in _flat(params).items():
+    size = math.prod(leaf.shape)
+    name = path[-1]
+    if name == "kernel":
+      flops += 2 * size
+      if path[-2] == "qkv":  # kernel [d, 3, H, Dh]: scores and weighted values over seq_len keys
+        flops += 4 * seq_len * leaf.shape[-2] * leaf.shape[-1]
+    elif name == "embedding" and path[:-1] == ("embed",):
+      flops += 2 * size
+    elif name == "centroids":
+      flops += 2 * size
+    elif name in ("w_in", "w_out") and EXPERTS_MODULE in path[:-1]:
+      flops += 2 * size / leaf.shape[0] * capacity_factor
+  return int(round(flops))

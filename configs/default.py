@@ -38,7 +38,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Routing groups G: capacity ceil(cf * T / G / E) per (group, expert); a multiple of the device count.
   config.model.moe.num_groups = 1
   config.model.moe.shuffle_tokens = True  # training: random order within a group before capacity (drops random)
-  config.model.moe.dispatcher = "auto"  # auto (all_to_all if mesh.expert > 1, else index) | index | all_to_all | one_hot
+  # auto (all_to_all if mesh.expert > 1, else index) | index | all_to_all | one_hot (benchmark)
+  config.model.moe.dispatcher = "auto"
   # Each router's own settings, read (and validated) only when that router is chosen.
   config.model.moe.stablemoe = ml_collections.ConfigDict()
   config.model.moe.stablemoe.balance_alpha = 0.3

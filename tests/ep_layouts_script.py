@@ -136,6 +136,30 @@ def dispatcher_checks(summary: dict) -> None:
   summary["dispatcher"] = results
 
 
+def dropout_checks(summary: dict) -> None:
+  """One MoE layer with expert dropout 0.3 and the shuffle on: the same output on 1 device, expert 4 and 2 x 2."""
+  import flax.linen as nn
+  import ml_collections
+  from stablemoe_jax.models.moe import MoELayer
+  moe = tiny_config(1).model.moe
+  x = jax.random.normal(jax.random.key(0), (4, 8, 8))
+  ids = jax.random.randint(jax.random.key(1), (4, 8), 0, 50)
+  outs = {}
+  for rate in (0.0, 0.3):
+    layer = MoELayer(moe, 50, 2, 16, dropout=rate)
+    params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
+    params = jax.tree.map(lambda a: a + 0.3, params)  # non-zero output projections
+    apply = jax.jit(lambda p, x: layer.apply({"params": p}, x, ids, jnp.array(True), deterministic=False,
+                                             rngs=step_rngs(jax.random.key(3))))
+    for name, (devices, expert) in LAYOUTS.items():
+      mesh = mesh_lib.make_mesh(ml_collections.ConfigDict({"expert": expert}), jax.devices()[:devices])
+      outs[(rate, name)] = np.asarray(mesh_lib.under_mesh(mesh, apply)(params, x))
+  summary["dropout"] = {
+      "max_diff_across_layouts": max(float(np.abs(outs[(0.3, n)] - outs[(0.3, "one_device")]).max()) for n in LAYOUTS),
+      "dropout_changes_output": float(np.abs(outs[(0.3, "one_device")] - outs[(0.0, "one_device")]).max()),
+  }
+
+
 def main(out: pathlib.Path) -> None:
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 50, size=(8, 17)).astype(np.int32)
@@ -144,6 +168,7 @@ def main(out: pathlib.Path) -> None:
   for name, (devices, expert) in LAYOUTS.items():
     run_layout(name, devices, expert, batch, arrays, summary)
   dispatcher_checks(summary)
+  dropout_checks(summary)
   np.savez(out / "layouts.npz", **arrays)
   (out / "summary.json").write_text(json.dumps(summary, indent=1))
 

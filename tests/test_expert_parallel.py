@@ -90,6 +90,13 @@ def test_all_to_all_capacity_per_group_and_token_order(layouts):
   assert summary["dispatcher"]["all_to_expert0"]["kept_are_first_c"]
 
 
+@pytest.mark.slow
+def test_expert_dropout_does_not_depend_on_the_layout(layouts):
+  _, summary = layouts
+  assert summary["dropout"]["dropout_changes_output"] > 1e-2
+  assert summary["dropout"]["max_diff_across_layouts"] < 1e-5
+
+
 def test_token_shuffle_drops_random_tokens_but_exactly_capacity_per_group():
   groups, group_size, experts, capacity = 3, 16, 4, 5
   index = jnp.zeros((groups, group_size), jnp.int32)  # every token wants expert 0
@@ -133,7 +140,8 @@ def test_train_step_shuffles_only_in_training(tiny_config, tmp_path):
     ("mesh.expert", 3, 8, "mesh.expert=3 must divide model.moe.num_experts=4"),
     ("mesh.expert", 4, 6, "mesh.expert=4 must divide the number of devices (6)"),
     ("model.moe.num_groups", 2, 4, "model.moe.num_groups=2 must be a multiple of the 4 devices"),
-    ("train.batch_size", 6, 4, "train.batch_size / train.microbatches=6 must be a multiple of the number of devices (4)"),
+    ("train.batch_size", 6, 4,
+     "train.batch_size / train.microbatches=6 must be a multiple of the number of devices (4)"),
     ("model.moe.num_groups", 5, 1, "model.moe.num_groups=5 must divide the 64 tokens of a train batch"),
 ])
 def test_bad_layout_is_one_clear_config_error(tiny_config, key, value, devices, message):
@@ -179,7 +187,7 @@ print("SUMMARY" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def resharded_runs(tmp_path_factory, ptb_dir):
-  """1 process x 4 devices: an uninterrupted mesh.expert=4 run; one killed after step 6, resumed as data 2 x expert 2."""
+  """1 process x 4 devices: an uninterrupted mesh.expert=4 run; one stopped after step 6, resumed as 2 x 2."""
   workdir = tmp_path_factory.mktemp("reshard")
   code = RESHARD.format(tests=str(REPO / "tests"), data=str(ptb_dir), workdir=str(workdir))
   result = run_python(["-c", code], devices=4)
@@ -203,7 +211,8 @@ def test_checkpoint_of_expert4_resumes_as_data2_expert2_and_evaluates_on_one_dev
   assert one["loss"] == pytest.approx(whole["valid"]["loss"], rel=1e-5)
   # Each device's shard was written as its own chunk, not gathered into one array first.
   import tensorstore as ts
-  w_in = ts.open({"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{workdir}/whole/checkpoints/8/state",
+  state_dir = f"file://{workdir}/whole/checkpoints/8/state"
+  w_in = ts.open({"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": state_dir,
                                                  "path": "params.moe_0.experts.w_in"}}).result()
   assert w_in.shape[0] == 4 and w_in.chunk_layout.write_chunk.shape[0] == 1
 

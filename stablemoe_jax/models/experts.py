@@ -87,7 +87,8 @@ def apply_ffn_experts(params: dict[str, jax.Array], x: jax.Array, expert_ids: ja
   y = x
   for i in range(params["w_in"].shape[1]):
     z = layer_norm(y, params["ln_scale"][:, None, None, i], params["ln_bias"][:, None, None, i])
-    z = jnp.einsum("egcd,edf->egcf", z, params["w_in"][:, i].astype(dtype)) + params["b_in"][:, None, None, i].astype(dtype)
+    z = jnp.einsum("egcd,edf->egcf", z, params["w_in"][:, i].astype(dtype))
+    z = z + params["b_in"][:, None, None, i].astype(dtype)
     z = jnp.einsum("egcf,efd->egcd", nn.relu(z), params["w_out"][:, i].astype(dtype))
     z = z + params["b_out"][:, None, None, i].astype(dtype)
     if rng is not None and dropout > 0:

@@ -61,6 +61,7 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, 
   state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
   batch = jax.device_put(batch, sharding_lib.batch_sharding(mesh))
+  summary[f"{name}/batch_spec"] = str(batch["inputs"].sharding.spec)
 
   def loss_and_outputs(params):
     logits, sown = model.apply({"params": params}, batch["inputs"], jnp.array(True), deterministic=False,

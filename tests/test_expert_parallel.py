@@ -59,7 +59,11 @@ def test_forward_gradients_and_three_steps_match_one_device(layouts):
   assert _compare(arrays, "params", rtol=1e-4, atol=2e-4) > 20
   # Balance loss, per-expert loads and dropped fractions of every MoE layer, at every one of the three steps.
   assert _compare(arrays, "metrics", rtol=1e-5, atol=1e-6) >= 3 * (4 + 2 * 3)
-  assert _compare(arrays, "sown", rtol=0, atol=0) == 2 * 3
+  # What each MoE layer sows (balance and distillation losses, loads, dropped fraction, distillation metrics).
+  assert _compare(arrays, "sown", rtol=1e-5, atol=1e-7) == 6 * 3
+  for name in [k for k in arrays.files if k.startswith("one_device/") and ("load" in k or "dropped" in k)]:
+    for layout in LAYOUTS:  # counts of tokens: exactly equal
+      np.testing.assert_array_equal(arrays[name.replace("one_device/", f"{layout}/")], arrays[name], err_msg=name)
   dropped = [float(arrays[f"one_device/metrics/{i}/moe/moe_{k}/dropped_fraction"]) for i in range(3) for k in range(3)]
   assert min(dropped) > 0.05  # capacity is small enough that tokens drop
   assert float(arrays["one_device/metrics/0/balance_loss"]) > 0
@@ -75,6 +79,7 @@ def test_expert_parallel_step_has_two_all_to_alls_per_moe_layer_and_no_weight_ga
     assert hlo["train_all_gather"] == 0, hlo["all_gathered_shapes"]
     assert not hlo["token_expert_capacity_shape"]
     assert summary[f"{layout}/expert_grad_specs"] == ["P('expert',)"]  # expert gradients come back sharded
+    assert summary[f"{layout}/batch_spec"] == "P(('data', 'expert'),)"
   assert summary["one_device/hlo"]["train_all_to_all"] == 0
 
 
@@ -252,3 +257,14 @@ def test_two_processes_of_two_devices_equal_one_process_of_four(resharded_runs, 
   multi = json.loads(outputs[0][0].split("SUMMARY")[-1])
   for split in ("valid", "test"):
     assert multi[split]["loss"] == pytest.approx(runs["uninterrupted"][split]["loss"], rel=1e-5)
+
+
+def test_shardings_come_from_the_rules_table():
+  from jax.sharding import PartitionSpec as P
+  from stablemoe_jax.parallel import mesh as mesh_lib
+  from stablemoe_jax.parallel import sharding as sharding_lib
+  mesh = mesh_lib.make_mesh(ml_collections.ConfigDict({"expert": 1}))
+  assert sharding_lib.batch_sharding(mesh).spec == P(("data", "expert"))
+  boxed = {"w": nn.LogicallyPartitioned(jnp.zeros((4, 2)), (sharding_lib.EXPERTS, None)), "b": jnp.zeros(3)}
+  specs = jax.tree.map(lambda s: s.spec, sharding_lib.state_shardings(boxed, mesh))
+  assert specs == {"w": P("expert", None), "b": P()}

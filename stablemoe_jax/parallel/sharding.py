@@ -33,20 +33,15 @@ def token_axes(mesh) -> tuple[str, ...]:
   return tuple(a for a in dict(LOGICAL_AXIS_RULES)[BATCH] if a in mesh.axis_names)
 
 
-def logical_to_sharding(logical_specs: Any, mesh: Mesh) -> Any:
-  """A pytree of logical PartitionSpecs (or of values boxed by ``with_logical_partitioning``) -> NamedShardings."""
-  specs = nn.get_partition_spec(logical_specs)
-  return nn.logical_to_mesh_sharding(specs, mesh, LOGICAL_AXIS_RULES)
-
-
 def state_shardings(abstract_boxed_state: Any, mesh: Mesh) -> Any:
-  """Shardings of a train state from its abstract, still boxed value (``jax.eval_shape`` of its init)."""
-  return logical_to_sharding(abstract_boxed_state, mesh)
+  """Shardings of a train state (or any pytree) from its abstract, still boxed value (``jax.eval_shape`` of
+  its init): leaves boxed by ``with_logical_partitioning`` follow the rules table, the others are replicated."""
+  return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract_boxed_state), mesh, LOGICAL_AXIS_RULES)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Rows of a batch [B, ...] split over every token-sharding axis."""
-  return logical_to_sharding(PartitionSpec(BATCH), mesh)
+  return nn.logical_to_mesh_sharding(PartitionSpec(BATCH), mesh, LOGICAL_AXIS_RULES)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -38,6 +38,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.moe.d_ff = 0  # 0 -> model.d_ff
   config.model.moe.capacity_factor = 2.0
   config.model.moe.eval_capacity_factor = 0.0  # <= 0: no token is dropped at evaluation
+  # Routing groups G: capacity ceil(cf * T / G / E) per (group, expert); a multiple of the device count.
+  config.model.moe.num_groups = 1
+  config.model.moe.shuffle_tokens = True  # training: random order within a group before capacity (drops random)
+  # auto (all_to_all if mesh.expert > 1, else index) | index | all_to_all | one_hot (benchmark)
+  config.model.moe.dispatcher = "auto"
   # Each router's own settings, read (and validated) only when that router is chosen; setting one of an
   # unselected router is an error. The defaults must equal ROUTERS[name].defaults.
   config.model.moe.stablemoe = ml_collections.ConfigDict()
@@ -84,6 +89,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.eval_batches = 20  # validation batches per in-training evaluation; <= 0: whole split
   config.train.checkpoint_every = 200
   config.train.keep_checkpoints = 3
+
+  # Device mesh (data, expert) over all devices of all processes; data = devices / expert.
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.expert = 1  # devices sharing the experts (E / expert each); must divide E and the device count
 
   config.eval = ml_collections.ConfigDict()
   config.eval.batch_size = 32

@@ -23,6 +23,8 @@ def get_config():
   config.model.moe.num_experts = 32
   config.model.moe.sublayers_per_expert = 3
   config.model.moe.eval_capacity_factor = 2.0
+  # One routing group per 1024-token sequence of a microbatch: a multiple of any device count up to 64.
+  config.model.moe.num_groups = 64
   config.train.steps = 60_000
   config.train.stage1_steps = 6_000
   config.train.batch_size = 512

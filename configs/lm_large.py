@@ -11,4 +11,6 @@ def get_config():
   config.model.moe.num_experts = 64
   config.model.moe.sublayers_per_expert = 6
   config.train.learning_rate = 3e-4
+  # 3.2B expert parameters: split the 64 experts over the 8 GPUs of a node (8 each); data takes the other devices.
+  config.mesh.expert = 8
   return config

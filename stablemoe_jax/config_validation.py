@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from stablemoe_jax.models.distill import DISTILLED_KINDS
+from stablemoe_jax.models.dispatch import DISPATCHER_NAMES
 from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import PLACEMENTS
 
@@ -77,6 +78,17 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
              f"model.moe.capacity_factor={moe.capacity_factor} must be > 0 (the paper's code uses 2.0).")
     _require(moe.sublayers_per_expert > 0,
              f"model.moe.sublayers_per_expert={moe.sublayers_per_expert} must be positive.")
+    _require(moe.num_groups > 0, f"model.moe.num_groups={moe.num_groups} must be positive (1: one routing group).")
+    for section, rows in (("train", train.batch_size // train.microbatches), ("eval", config.eval.batch_size)):
+      tokens = rows * config[section].seq_len
+      _require(tokens % moe.num_groups == 0,
+               f"model.moe.num_groups={moe.num_groups} must divide the {tokens} tokens of a {section} batch "
+               f"({section} rows x {section}.seq_len); choose a divisor of {tokens}.")
+    _require(moe.dispatcher in DISPATCHER_NAMES,
+             f"model.moe.dispatcher={moe.dispatcher!r} is unknown; choose one of {DISPATCHER_NAMES}.")
+    _require(config.mesh.expert > 0 and moe.num_experts % config.mesh.expert == 0,
+             f"mesh.expert={config.mesh.expert} must divide model.moe.num_experts={moe.num_experts}; "
+             f"set --config.mesh.expert to a divisor of {moe.num_experts}.")
     _check_routers(config)
   _require(model.get("dense_match", "none") in DENSE_MATCHES,
            f"model.dense_match={model.get('dense_match')!r} is unknown; choose one of {DENSE_MATCHES}.")

@@ -1,4 +1,5 @@
 """The MoE layer and StableMoE router against independent per-token references."""
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -13,10 +14,11 @@ from stablemoe_jax.models.routing import stablemoe_balance_loss
 D, FF, E, SUB, VOCAB = 8, 16, 4, 2, 11
 
 
-def moe_config(capacity_factor=2.0, eval_capacity_factor=0.0):
+def moe_config(capacity_factor=2.0, eval_capacity_factor=0.0, num_groups=1, dispatcher="index"):
   return ml_collections.ConfigDict(dict(
       router="stablemoe", num_experts=E, capacity_factor=capacity_factor,
-      eval_capacity_factor=eval_capacity_factor, d_ff=FF,
+      eval_capacity_factor=eval_capacity_factor, d_ff=FF, num_groups=num_groups, shuffle_tokens=False,
+      dispatcher=dispatcher,
       stablemoe=dict(balance_alpha=0.3, distill_weight=1.0, distill_dim=5, centroid_gain=0.1),
   ))
 
@@ -32,14 +34,16 @@ def np_layer_norm(x, scale, bias, eps=1e-5):
   return (x - x.mean()) / np.sqrt(x.var() + eps) * scale + bias
 
 
-def per_token_reference(params, x, token_ids, stage1, capacity):
-  """The layer's definition, one token at a time, in float64 numpy."""
+def per_token_reference(params, x, token_ids, stage1, capacity, num_groups=1):
+  """The layer's definition, one token at a time, in float64 numpy; capacity counts restart every T / G tokens."""
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   router, ex = p["router"], p["experts"]
   distilled = router["distilled_router"]
   out = np.array(x, np.float64)
   load = np.zeros(E, int)
   for t in range(x.shape[0]):
+    if t % (x.shape[0] // num_groups) == 0:
+      load = np.zeros(E, int)  # a new routing group
     h = out[t].copy()
     scores = router["centroids"] @ h
     if stage1:
@@ -60,21 +64,24 @@ def per_token_reference(params, x, token_ids, stage1, capacity):
 
 
 def init_layer(cfg, tokens=12, seed=0):
+  """The layer, N(0, 0.5) parameters, inputs x [2, tokens / 2, D] and token ids [2, tokens / 2]."""
   layer = MoELayer(cfg, VOCAB, SUB, FF)
   x = jax.random.normal(jax.random.key(seed), (2, tokens // 2, D))
   ids = jax.random.randint(jax.random.key(seed + 1), (2, tokens // 2), 0, VOCAB)
-  params = randomized(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
+  params = randomized(nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"]))
   return layer, params, x, ids
 
 
 @pytest.mark.parametrize("stage1", [True, False])
 @pytest.mark.parametrize("capacity_factor", [2.0, 0.5])
-def test_layer_matches_per_token_loop(stage1, capacity_factor):
-  cfg = moe_config(capacity_factor=capacity_factor)
+@pytest.mark.parametrize("num_groups, dispatcher", [(1, "index"), (3, "index"), (3, "one_hot")])
+def test_layer_matches_per_token_loop(stage1, capacity_factor, num_groups, dispatcher):
+  cfg = moe_config(capacity_factor=capacity_factor, num_groups=num_groups, dispatcher=dispatcher)
   layer, params, x, ids = init_layer(cfg, tokens=24)
   got = layer.apply({"params": params}, x, ids, jnp.array(stage1), deterministic=False)
-  capacity = dispatch.expert_capacity(24, E, capacity_factor)
-  want = per_token_reference(params, np.asarray(x).reshape(24, D), np.asarray(ids).reshape(24), stage1, capacity)
+  capacity = dispatch.expert_capacity(24 // num_groups, E, capacity_factor)
+  want = per_token_reference(params, np.asarray(x).reshape(24, D), np.asarray(ids).reshape(24), stage1, capacity,
+                             num_groups)
   np.testing.assert_allclose(np.asarray(got).reshape(24, D), want, rtol=2e-4, atol=2e-4)
 
 
@@ -161,22 +168,29 @@ def test_distillation_loss_hand_computed_and_only_trains_the_distilled_router():
   assert float(sown2["aux_loss"]["distill"][0]) == 0.0 and float(sown2["aux_loss"]["balance"][0]) == 0.0
 
 
-def test_index_dispatch_matches_one_hot_dispatch():
-  tokens, experts, capacity = 40, 5, 6
-  idx = jax.random.randint(jax.random.key(0), (tokens,), 0, experts)
-  x = jax.random.normal(jax.random.key(1), (tokens, 3))
-  disp = dispatch.IndexDispatcher.create(idx, experts, capacity)
-  # One-hot reference [T, E, C]: position = how many earlier tokens chose the same expert.
-  mask = np.zeros((tokens, experts, capacity))
-  seen = np.zeros(experts, int)
-  for t, e in enumerate(np.asarray(idx)):
-    if seen[e] < capacity:
-      mask[t, e, seen[e]] = 1
-    seen[e] += 1
-  np.testing.assert_allclose(disp.dispatch(x), np.einsum("tec,td->ecd", mask, x), atol=1e-6)
-  y = jax.random.normal(jax.random.key(2), (experts, capacity, 3))
-  np.testing.assert_allclose(disp.combine(y), np.einsum("tec,ecd->td", mask, y), atol=1e-6)
-  np.testing.assert_array_equal(disp.kept, mask.sum((1, 2)) == 1)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_index_dispatch_matches_one_hot_reference_per_group(shuffle):
+  groups, group_size, experts, capacity = 3, 20, 5, 3
+  idx = jax.random.randint(jax.random.key(0), (groups, group_size), 0, experts)
+  x = jax.random.normal(jax.random.key(1), (groups, group_size, 3))
+  rng = jax.random.key(7) if shuffle else None
+  slots = dispatch.group_slots(idx, experts, capacity, rng)
+  buffers = jax.vmap(dispatch.scatter_to_buffers, in_axes=(0, 0, None, None))(x, slots, experts, capacity)
+  # One-hot reference [G, T, E, C]: position = how many tokens before it, in the (shuffled) order, chose its expert.
+  mask = np.zeros((groups, group_size, experts, capacity))
+  for g in range(groups):
+    order = np.asarray(jax.random.permutation(jax.random.fold_in(rng, g), group_size)) if shuffle else range(group_size)
+    seen = np.zeros(experts, int)
+    for t in order:
+      e = int(idx[g, t])
+      if seen[e] < capacity:
+        mask[g, t, e, seen[e]] = 1
+      seen[e] += 1
+  np.testing.assert_allclose(buffers, np.einsum("gtec,gtd->gecd", mask, x), atol=1e-6)
+  y = jax.random.normal(jax.random.key(2), (groups, experts, capacity, 3))
+  np.testing.assert_allclose(jax.vmap(dispatch.gather_from_buffers)(y, slots), np.einsum("gtec,gecd->gtd", mask, y),
+                             atol=1e-6)
+  np.testing.assert_array_equal(slots < experts * capacity, mask.sum((2, 3)) == 1)
 
 
 @pytest.mark.parametrize("placement, blocks_before, sublayers", [
@@ -195,7 +209,7 @@ def test_moe_placement_puts_layers_between_the_right_blocks(placement, blocks_be
   params = model.init(jax.random.key(0), tokens, jnp.array(True))["params"]
   moe_names = sorted(k for k in params if k.startswith("moe_"))
   assert moe_names == [f"moe_{i}" for i in range(len(blocks_before))]
-  assert all(params[name]["experts"]["w_in"].shape[:2] == (E, sublayers) for name in moe_names)
+  assert all(params[name]["experts"]["w_in"].value.shape[:2] == (E, sublayers) for name in moe_names)
   # Flax records submodules in call order: each MoE layer sits right after `blocks_before` blocks.
   order = [k for k in params if k.startswith(("moe_", "block_"))]
   for name, before in zip(moe_names, blocks_before):

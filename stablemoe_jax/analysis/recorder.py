@@ -7,7 +7,8 @@ from stablemoe_jax.analysis import records as records_lib
 from stablemoe_jax.analysis.report import write_report
 from stablemoe_jax.analysis.routes import analysis_model, make_sample_router, stack_layers
 from stablemoe_jax.config_validation import ConfigError
-from stablemoe_jax.parallel import data_parallel as dp
+from stablemoe_jax.parallel import mesh as mesh_lib
+from stablemoe_jax.parallel import sharding as sharding_lib
 
 
 class RoutingRecorder:
@@ -37,18 +38,21 @@ class RoutingRecorder:
       return
     seq_len = cfg.train.seq_len
     rows = cfg.analysis.sample_tokens // seq_len
-    dp.check_batch_divides(rows, f"analysis.sample_tokens // train.seq_len (= {cfg.analysis.sample_tokens} // "
-                           f"{seq_len}, rows of the routing sample)", exp.mesh)
+    if rows % exp.mesh.size:
+      raise ConfigError(f"analysis.sample_tokens // train.seq_len (= {cfg.analysis.sample_tokens} // {seq_len}, "
+                        f"rows of the routing sample) must be a multiple of the number of devices ({exp.mesh.size}); "
+                        f"change --config.analysis.sample_tokens.")
     sample = next(exp.data.eval_batches("valid", rows, seq_len))
     if sample["weights"].min() < 1:
       raise ConfigError(
           f"analysis.sample_tokens={cfg.analysis.sample_tokens} exceeds the validation split "
           f"({exp.data.split_num_tokens('valid') - 1} predictions); lower --config.analysis.sample_tokens.")
     self._sample = sample["inputs"]  # int32 [R, S], the same on every process
-    self._tokens = dp.to_global(dp.local_rows({"inputs": self._sample}), exp.mesh)["inputs"]
-    replicated = dp.replicated(exp.mesh)
-    self._route = jax.jit(make_sample_router(analysis_model(cfg.model), cfg.seed), static_argnums=2,
-                          in_shardings=(replicated, dp.batch_sharding(exp.mesh)), out_shardings=replicated)
+    self._tokens = mesh_lib.to_global(mesh_lib.local_rows({"inputs": self._sample}), exp.mesh)["inputs"]
+    self._route = mesh_lib.under_mesh(exp.mesh, jax.jit(
+        make_sample_router(analysis_model(cfg.model), cfg.seed), static_argnums=2,
+        in_shardings=(exp.state_shardings.params, sharding_lib.batch_sharding(exp.mesh)),
+        out_shardings=sharding_lib.replicated(exp.mesh)))
     if self._is_chief:
       records_lib.drop_records_after(self._directory, start_step)
 

@@ -16,18 +16,20 @@ import jax
 from stablemoe_jax.analysis import cohesion, fluctuation, plot
 from stablemoe_jax.analysis.records import ROUTINGS, RecordsNotFoundError, load_records
 from stablemoe_jax.analysis.routes import analysis_model, make_split_router, sorted_layers
-from stablemoe_jax.parallel import data_parallel as dp
+from stablemoe_jax.parallel import mesh as mesh_lib
+from stablemoe_jax.parallel import sharding as sharding_lib
 
 
 def split_routing_counts(exp, params, split: str) -> dict[str, cohesion.RoutingCounts]:
   """Routes every token of ``split`` with the inference routing; {layer: counts} in model order."""
   cfg = exp.config
-  route = jax.jit(make_split_router(analysis_model(cfg.model)),
-                  in_shardings=(dp.replicated(exp.mesh), dp.batch_sharding(exp.mesh)),
-                  out_shardings=dp.replicated(exp.mesh))
+  route = mesh_lib.under_mesh(exp.mesh, jax.jit(
+      make_split_router(analysis_model(cfg.model)),
+      in_shardings=(exp.state_shardings.params, sharding_lib.batch_sharding(exp.mesh)),
+      out_shardings=sharding_lib.replicated(exp.mesh)))
   counts: dict[str, cohesion.RoutingCounts] = {}
   for batch in exp.data.eval_batches(split, cfg.eval.batch_size, cfg.eval.seq_len):
-    tokens = dp.to_global(dp.local_rows({"inputs": batch["inputs"]}), exp.mesh)["inputs"]
+    tokens = mesh_lib.to_global(mesh_lib.local_rows({"inputs": batch["inputs"]}), exp.mesh)["inputs"]
     routed = jax.device_get(route(params, tokens))
     for layer, (expert_index, gate) in routed.items():
       layer_counts = counts.setdefault(layer, cohesion.RoutingCounts(cfg.model.moe.num_experts, cfg.model.vocab_size))

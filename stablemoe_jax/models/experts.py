@@ -1,4 +1,9 @@
-"""Experts as stacked parameters, run as batched matmuls over the expert axis."""
+"""Experts as stacked parameters ``[E, ...]``, run as batched matmuls over the expert axis.
+
+The parameters are created at their global shape by :class:`FFNExperts` (annotated with the
+logical ``experts`` axis, so they can be split over devices), and applied by the pure function
+:func:`apply_ffn_experts`, which a dispatcher may call inside ``jax.shard_map`` on the local experts.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -6,6 +11,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from stablemoe_jax.parallel.sharding import EXPERTS
 
 
 def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float = 1e-5) -> jax.Array:
@@ -17,43 +24,75 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float = 1e-
 
 
 class FFNExperts(nn.Module):
-  """E experts, each a stack of ``num_sublayers`` pre-LayerNorm residual ReLU FFN sublayers.
+  """Parameters of E experts, each a stack of ``num_sublayers`` pre-LN residual ReLU FFN sublayers.
 
-  Returns what the stack adds to its input, ``stack(x) - x``, so the MoE layer
-  computes ``h + gate * Expert(h)``: the same as fairseq's
-  ``gate * stack(h) + (1 - gate) * h``. The output projections start at zero
-  (as in the authors' code), so every expert starts as the identity.
+  The output projections start at zero (as in the authors' code), so every expert starts as the
+  identity. Calling the module returns the parameter dict (leaves ``[E, S, ...]``).
 
   Attributes:
     num_experts: E.
-    num_sublayers: FFN sublayers per expert.
+    num_sublayers: FFN sublayers per expert (S).
     d_ff: hidden width of each FFN.
-    dropout: dropout rate on each sublayer's output.
-    dtype: computation dtype.
   """
 
   num_experts: int
   num_sublayers: int
   d_ff: int
-  dropout: float = 0.0
-  dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
-    """x [E, C, d] -> [E, C, d]."""
-    e, s, d, f = self.num_experts, self.num_sublayers, x.shape[-1], self.d_ff
+  def __call__(self, d_model: int) -> dict[str, jax.Array]:
+    e, s, d, f = self.num_experts, self.num_sublayers, d_model, self.d_ff
+
+    def param(name, init, shape):
+      axes = (EXPERTS,) + (None,) * (len(shape) - 1)
+      return self.param(name, nn.with_logical_partitioning(init, axes), shape)
+
     w_in_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=-2, out_axis=-1)
-    ln_scale = self.param("ln_scale", nn.initializers.ones, (e, s, d))
-    ln_bias = self.param("ln_bias", nn.initializers.zeros, (e, s, d))
-    w_in = self.param("w_in", w_in_init, (e, s, d, f))
-    b_in = self.param("b_in", nn.initializers.zeros, (e, s, f))
-    w_out = self.param("w_out", nn.initializers.zeros, (e, s, f, d))
-    b_out = self.param("b_out", nn.initializers.zeros, (e, s, d))
-    y = x
-    for i in range(s):
-      z = layer_norm(y, ln_scale[:, None, i], ln_bias[:, None, i])
-      z = jnp.einsum("ecd,edf->ecf", z, w_in[:, i].astype(self.dtype)) + b_in[:, None, i].astype(self.dtype)
-      z = jnp.einsum("ecf,efd->ecd", nn.relu(z), w_out[:, i].astype(self.dtype))
-      z = z + b_out[:, None, i].astype(self.dtype)
-      y = y + nn.Dropout(self.dropout)(z, deterministic=deterministic)
-    return y - x
+    return {
+        "ln_scale": param("ln_scale", nn.initializers.ones, (e, s, d)),
+        "ln_bias": param("ln_bias", nn.initializers.zeros, (e, s, d)),
+        "w_in": param("w_in", w_in_init, (e, s, d, f)),
+        "b_in": param("b_in", nn.initializers.zeros, (e, s, f)),
+        "w_out": param("w_out", nn.initializers.zeros, (e, s, f, d)),
+        "b_out": param("b_out", nn.initializers.zeros, (e, s, d)),
+    }
+
+
+def dropout_keep_mask(rng: jax.Array, expert_ids: jax.Array, group_ids: jax.Array, sublayer: int,
+                      shape: tuple[int, int], rate: float) -> jax.Array:
+  """bool [E', G', C, d]: the keep mask of (expert, group, sublayer), whatever device computes it.
+
+  Each (global expert, global group) pair draws from ``fold_in(fold_in(fold_in(rng, e), g), sublayer)``,
+  so the masks do not depend on the device layout.
+  """
+  def one(e, g):
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(rng, e), g), sublayer)
+    return jax.random.bernoulli(key, 1.0 - rate, shape)
+  return jax.vmap(lambda e: jax.vmap(lambda g: one(e, g))(group_ids))(expert_ids)
+
+
+def apply_ffn_experts(params: dict[str, jax.Array], x: jax.Array, expert_ids: jax.Array, group_ids: jax.Array,
+                      rng: jax.Array | None, *, dropout: float = 0.0, dtype: Any = jnp.float32) -> jax.Array:
+  """What each expert's stack adds to its input: x [E', G', C, d] -> ``stack(x) - x`` [E', G', C, d].
+
+  Args:
+    params: the experts' parameters, leaves ``[E', S, ...]`` (all experts, or this device's).
+    x: rows per (expert, group, slot).
+    expert_ids: int32 [E'], global ids of the experts in ``params`` (for dropout keys).
+    group_ids: int32 [G'], global ids of the routing groups along x's second axis (for dropout keys).
+    rng: dropout key, or None for no dropout.
+    dropout: dropout rate on each sublayer's output.
+    dtype: computation dtype.
+  """
+  y = x
+  for i in range(params["w_in"].shape[1]):
+    z = layer_norm(y, params["ln_scale"][:, None, None, i], params["ln_bias"][:, None, None, i])
+    z = jnp.einsum("egcd,edf->egcf", z, params["w_in"][:, i].astype(dtype))
+    z = z + params["b_in"][:, None, None, i].astype(dtype)
+    z = jnp.einsum("egcf,efd->egcd", nn.relu(z), params["w_out"][:, i].astype(dtype))
+    z = z + params["b_out"][:, None, None, i].astype(dtype)
+    if rng is not None and dropout > 0:
+      keep = dropout_keep_mask(rng, expert_ids, group_ids, i, x.shape[2:], dropout)
+      z = jnp.where(keep, z / (1.0 - dropout), jnp.zeros_like(z))
+    y = y + z
+  return y - x

@@ -1,6 +1,7 @@
-"""The MoE layer: route -> dispatch -> experts -> combine, with a residual gate."""
+"""The MoE layer: route -> slots per routing group -> dispatch -> experts -> combine, with a residual gate."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -10,12 +11,21 @@ import jax.numpy as jnp
 from stablemoe_jax.models import dispatch, experts, routers
 from stablemoe_jax.models.routing import METRICS, ROUTING, expert_load
 
+SHUFFLE_RNG = "shuffle"  # the rng stream of the token shuffle before capacity (given by the train step)
+
 
 class MoELayer(nn.Module):
   """Top-1 MoE: ``h'_t = h_t + gate_t * Expert_{e_t}(h_t)``; dropped tokens pass unchanged.
 
+  The router runs on all T tokens (its losses are over the global batch). Tokens are then taken
+  in ``model.moe.num_groups`` groups of T / G consecutive tokens with C = ``ceil(cf * T / G / E)``
+  slots per (group, expert); in training (``deterministic=False``, ``shuffle_tokens`` on and a
+  ``shuffle`` rng given) positions are assigned in a random order within each group. The
+  dispatcher (``model.moe.dispatcher``) moves the rows to the experts and back; with "auto" it is
+  the all-to-all one when the mesh of the surrounding ``jax.set_mesh`` has an ``expert`` axis > 1.
+
   Attributes:
-    moe_config: the ``model.moe`` config (router name and its settings, experts, capacity).
+    moe_config: the ``model.moe`` config (router name and its settings, experts, capacity, groups).
     vocab_size: vocabulary size (for token-id routers).
     num_sublayers: FFN sublayers per expert.
     d_ff: expert FFN width.
@@ -35,21 +45,34 @@ class MoELayer(nn.Module):
                deterministic: bool = True) -> jax.Array:
     """x [B, S, d], token_ids int32 [B, S], in_stage1 bool scalar -> [B, S, d]."""
     cfg = self.moe_config
+    num_experts = cfg.num_experts
     batch, length, d = x.shape
     h = x.reshape(batch * length, d)
     routing = routers.make_router(cfg, vocab_size=self.vocab_size)(h, token_ids, in_stage1, deterministic)
+
+    groups = 1 if self.is_initializing() else cfg.get("num_groups", 1)  # init's sample batch may be tiny
+    if h.shape[0] % groups:
+      raise ValueError(f"model.moe.num_groups={groups} must divide the {h.shape[0]} tokens of a batch.")
+    group_size = h.shape[0] // groups
     capacity_factor = cfg.eval_capacity_factor if deterministic else cfg.capacity_factor
-    capacity = dispatch.expert_capacity(h.shape[0], cfg.num_experts, capacity_factor)
-    dispatcher = dispatch.IndexDispatcher.create(routing.expert_index, cfg.num_experts, capacity)
-    expert_out = experts.FFNExperts(
-        cfg.num_experts, self.num_sublayers, self.d_ff, self.dropout, self.dtype, name="experts"
-    )(dispatcher.dispatch(h), deterministic=deterministic)
-    out = h + routing.gate[:, None].astype(h.dtype) * dispatcher.combine(expert_out)
-    self.sow(METRICS, "load", expert_load(routing.expert_index, cfg.num_experts))
-    self.sow(METRICS, "dropped_fraction", 1.0 - jnp.mean(dispatcher.kept.astype(jnp.float32)))
+    capacity = dispatch.expert_capacity(group_size, num_experts, capacity_factor)
+    shuffle = cfg.get("shuffle_tokens", False) and not deterministic and self.has_rng(SHUFFLE_RNG)
+    slots = dispatch.group_slots(routing.expert_index.reshape(groups, group_size), num_experts, capacity,
+                                 self.make_rng(SHUFFLE_RNG) if shuffle else None)
+
+    expert_params = experts.FFNExperts(num_experts, self.num_sublayers, self.d_ff, name="experts")(d)
+    dropout_rng = self.make_rng("dropout") if self.dropout > 0 and not deterministic else None
+    expert_fn = functools.partial(experts.apply_ffn_experts, dropout=self.dropout, dtype=self.dtype)
+    dispatcher = dispatch.choose_dispatcher(cfg.get("dispatcher", "auto"))
+    expert_out = dispatcher(h.reshape(groups, group_size, d), slots, expert_params, dropout_rng,
+                            expert_fn=expert_fn, num_experts=num_experts, capacity=capacity).reshape(-1, d)
+    out = h + routing.gate[:, None].astype(h.dtype) * expert_out
+    kept = slots.reshape(-1) < num_experts * capacity
+    self.sow(METRICS, "load", expert_load(routing.expert_index, num_experts))
+    self.sow(METRICS, "dropped_fraction", 1.0 - jnp.mean(kept.astype(jnp.float32)))
     # Routing analysis: confidence and balance every step; per-token routing only when ROUTING is mutable.
     self.sow(METRICS, "mean_gate", jnp.mean(routing.gate.astype(jnp.float32)))
-    load = expert_load(routing.expert_index, cfg.num_experts)
+    load = expert_load(routing.expert_index, num_experts)
     self.sow(METRICS, "load_entropy", jnp.sum(jax.scipy.special.entr(load)))  # nats; log N when balanced
     self.sow(ROUTING, "expert_index", routing.expert_index)
     self.sow(ROUTING, "gate", routing.gate)

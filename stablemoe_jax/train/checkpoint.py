@@ -27,8 +27,15 @@ def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
   return out
 
 
+# Model settings that choose how a result is computed across devices, not the result (like `mesh`, which
+# is never compared): a checkpoint restores under any of their values.
+_LAYOUT_MOE_KEYS = ("dispatcher",)
+
+
 def _comparable(config: dict, for_training: bool) -> dict:
-  sections = {"model": config["model"], "data": {k: v for k, v in config["data"].items() if k != "data_dir"}}
+  model = dict(config["model"])
+  model["moe"] = {k: v for k, v in model.get("moe", {}).items() if k not in _LAYOUT_MOE_KEYS}
+  sections = {"model": model, "data": {k: v for k, v in config["data"].items() if k != "data_dir"}}
   if for_training:
     sections["seed"] = config["seed"]
     sections["train"] = {k: v for k, v in config["train"].items() if k not in _RESUMABLE_TRAIN_KEYS}

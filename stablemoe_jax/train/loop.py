@@ -18,11 +18,12 @@ from stablemoe_jax.config_validation import validate_config
 from stablemoe_jax.data.token_counts import split_token_counts
 from stablemoe_jax.models import routers
 from stablemoe_jax.models.transformer import TransformerLM
-from stablemoe_jax.parallel import data_parallel as dp
+from stablemoe_jax.parallel import mesh as mesh_lib
+from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.train import checkpoint as ckpt_lib
 from stablemoe_jax.train.metrics import MetricWriter, last_logged
 from stablemoe_jax.train.optimizer import make_optimizer
-from stablemoe_jax.train.state import TrainState, create_train_state
+from stablemoe_jax.train.state import TrainState, create_train_state, train_state_shardings
 from stablemoe_jax.train.step import make_eval_step, make_routing_agreement_step, make_train_step
 
 
@@ -40,13 +41,11 @@ class Experiment:
     validate_config(config)
     self.workdir = pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
-    self.mesh = dp.make_mesh()
-    dp.check_batch_divides(config.train.batch_size // config.train.microbatches,
-                           "train.batch_size / train.microbatches", self.mesh)
-    dp.check_batch_divides(config.eval.batch_size, "eval.batch_size", self.mesh)
+    mesh_lib.check_layout(config, jax.device_count())
+    self.mesh = mesh_lib.make_mesh(config.mesh)
     if jax.process_index() == 0:  # prepares tokenizer and records once; the others then read them
       self.data = data_lib.load_lm_data(config.data, self.workdir / "data")
-    dp.barrier("data prepared")
+    mesh_lib.barrier("data prepared")
     if jax.process_index() != 0:
       self.data = data_lib.load_lm_data(config.data, self.workdir / "data")
     validate_config(config, data_vocab_size=self.data.vocab_size)
@@ -60,16 +59,23 @@ class Experiment:
     self.checkpointer = ckpt_lib.Checkpointer(
         self.workdir / "checkpoints", config, keep=config.train.keep_checkpoints
     )
-    self.eval_step = jax.jit(make_eval_step(self.model))
-    self.routing_agreement_step = jax.jit(make_routing_agreement_step(self.model))
+    self.state_shardings = train_state_shardings(self.model, self.tx, config.train.seq_len, self.mesh)
+    batch_sharding = sharding_lib.batch_sharding(self.mesh)
+    self.eval_step = mesh_lib.under_mesh(self.mesh, jax.jit(
+        make_eval_step(self.model), in_shardings=(self.state_shardings.params, batch_sharding),
+        out_shardings=sharding_lib.replicated(self.mesh)))
+
+    self.routing_agreement_step = mesh_lib.under_mesh(self.mesh, jax.jit(make_routing_agreement_step(self.model)))
 
   def init_state(self) -> TrainState:
-    """A fresh state, replicated over the mesh; routers built from the training data get their tables here."""
-    state = create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len,
-                               dp.replicated(self.mesh))
+    """A fresh state laid out over the mesh (expert parameters split over ``expert``, the rest replicated).
+
+    Routers built from the training data (the balanced hash table) get their tables here.
+    """
+    state = create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len, self.mesh)
     params = routers.fill_tables_from_data(state.params, self.config.model, self.train_token_counts)
     if params is not state.params:
-      state = state.replace(params=jax.device_put(params, dp.replicated(self.mesh)))
+      state = state.replace(params=jax.device_put(params, self.state_shardings.params))
     return state
 
   def train_token_counts(self) -> np.ndarray:
@@ -79,10 +85,10 @@ class Experiment:
     return self._train_token_counts
 
   def jit_train_step(self):
-    replicated = dp.replicated(self.mesh)
-    return jax.jit(make_train_step(self.model, self.tx, self.config), donate_argnums=0,
-                   in_shardings=(replicated, dp.batch_sharding(self.mesh)),
-                   out_shardings=(replicated, replicated))
+    step = jax.jit(make_train_step(self.model, self.tx, self.config), donate_argnums=0,
+                   in_shardings=(self.state_shardings, sharding_lib.batch_sharding(self.mesh)),
+                   out_shardings=(self.state_shardings, sharding_lib.replicated(self.mesh)))
+    return mesh_lib.under_mesh(self.mesh, step)
 
   def train_batches(self):
     """This process's share of every train batch, as a resumable grain iterator."""
@@ -91,12 +97,15 @@ class Experiment:
                                     shard_index=jax.process_index(), shard_count=jax.process_count())
 
   def abstract_state(self) -> TrainState:
-    return jax.eval_shape(self.init_state)
+    """Shapes, dtypes and this mesh's shardings of the train state (for restoring into this layout)."""
+    shapes = jax.eval_shape(self.init_state)
+    return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                        shapes, self.state_shardings)
 
   def evaluate(self, params, split: str, max_batches: int = 0) -> dict[str, float]:
     """Perplexity on ``split`` with the inference routing; ``max_batches > 0`` evaluates a prefix."""
     cfg = self.config.eval
-    batches: Iterable = dp.global_batches(
+    batches: Iterable = mesh_lib.global_batches(
         self.data.eval_batches(split, cfg.batch_size, cfg.seq_len, stride=cfg.get("stride", 0)), self.mesh)
     nll, tokens = 0.0, 0.0
     for i, batch in enumerate(batches):
@@ -123,7 +132,7 @@ class Experiment:
     """
     cfg = self.config.eval
     agree, count = 0.0, 0
-    for i, batch in enumerate(dp.global_batches(self.data.eval_batches(split, cfg.batch_size, cfg.seq_len),
+    for i, batch in enumerate(mesh_lib.global_batches(self.data.eval_batches(split, cfg.batch_size, cfg.seq_len),
                                                 self.mesh)):
       if max_batches > 0 and i >= max_batches:
         break
@@ -181,7 +190,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                        disable=not is_chief)
   try:
     for step in range(start + 1, train_cfg.steps + 1):
-      state, metrics = train_step(state, dp.to_global(next(train_iter), exp.mesh))
+      state, metrics = train_step(state, mesh_lib.to_global(next(train_iter), exp.mesh))
       recorder.after_step(state, step)
       window_metrics.append(metrics)
       progress.update(1)

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
+
+from stablemoe_jax.parallel import sharding as sharding_lib
 
 
 class TrainState(struct.PyTreeNode):
@@ -28,11 +31,25 @@ def in_stage1(step: jax.Array, stage1_steps: int) -> jax.Array:
   return step < stage1_steps
 
 
-def create_train_state(model, tx: optax.GradientTransformation, seed: int, seq_len: int,
-                       sharding: jax.sharding.Sharding | None = None) -> TrainState:
-  """Initialises parameters and optimizer state under jit, placed with ``sharding``."""
+def _boxed_init(model, tx: optax.GradientTransformation, seed: int, seq_len: int):
+  """A function returning a fresh state whose leaves still carry their logical axis names."""
   def init():
     tokens = jnp.zeros((1, seq_len), jnp.int32)
     params = model.init(jax.random.key(seed), tokens, jnp.array(True))["params"]
     return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
-  return jax.jit(init, out_shardings=sharding)()
+  return init
+
+
+def train_state_shardings(model, tx: optax.GradientTransformation, seq_len: int, mesh: jax.sharding.Mesh):
+  """NamedShardings of every leaf of the train state (optimizer state included), from the logical axes."""
+  return sharding_lib.state_shardings(jax.eval_shape(_boxed_init(model, tx, 0, seq_len)), mesh)
+
+
+def create_train_state(model, tx: optax.GradientTransformation, seed: int, seq_len: int,
+                       mesh: jax.sharding.Mesh | None = None) -> TrainState:
+  """Initialises parameters and optimizer state under jit, laid out over ``mesh`` (None: default device)."""
+  init = _boxed_init(model, tx, seed, seq_len)
+  if mesh is None:
+    return jax.jit(lambda: nn.unbox(init()))()
+  shardings = train_state_shardings(model, tx, seq_len, mesh)
+  return jax.jit(lambda: nn.unbox(init()), out_shardings=shardings)()

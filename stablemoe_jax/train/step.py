@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
+from stablemoe_jax.models.moe import SHUFFLE_RNG
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.train.optimizer import learning_rate_schedule
 from stablemoe_jax.train.state import TrainState, in_stage1
@@ -35,6 +36,11 @@ def _sum_by_name(flat: dict[str, jax.Array]) -> dict[str, jax.Array]:
   return sums
 
 
+def step_rngs(step_key: jax.Array) -> dict[str, jax.Array]:
+  """The rng streams of one (micro)step: dropout, and the MoE token shuffle derived from it by fold_in."""
+  return {"dropout": step_key, SHUFFLE_RNG: jax.random.fold_in(step_key, 1)}
+
+
 def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable[[TrainState, Batch], tuple]:
   """Builds the train step for ``model`` and ``tx``; jit it with ``donate_argnums=0``.
 
@@ -47,11 +53,11 @@ def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable
   schedule = learning_rate_schedule(config.train)
   base_key = jax.random.key(config.seed)
 
-  def grads_and_metrics(params, batch: Batch, stage1: jax.Array, dropout_key: jax.Array):
+  def grads_and_metrics(params, batch: Batch, stage1: jax.Array, step_key: jax.Array):
     def loss_fn(params):
       logits, sown = model.apply(
           {"params": params}, batch["inputs"], stage1, deterministic=False,
-          rngs={"dropout": dropout_key}, mutable=[AUX_LOSS, METRICS],
+          rngs=step_rngs(step_key), mutable=[AUX_LOSS, METRICS],
       )
       weights = batch["weights"]
       task_loss = jnp.sum(token_nll(logits, batch["targets"]) * weights) / jnp.maximum(weights.sum(), 1.0)
@@ -69,16 +75,16 @@ def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable
 
   def train_step(state: TrainState, batch: Batch):
     stage1 = in_stage1(state.step, stage1_steps)
-    dropout_key = jax.random.fold_in(base_key, state.step)
+    step_key = jax.random.fold_in(base_key, state.step)
     if microbatches == 1:
-      grads, metrics = grads_and_metrics(state.params, batch, stage1, dropout_key)
+      grads, metrics = grads_and_metrics(state.params, batch, stage1, step_key)
     else:
       # Microbatch m takes rows m, m + M, ...: an even share of every device's rows.
       split = jax.tree.map(lambda x: x.reshape(-1, microbatches, *x.shape[1:]).swapaxes(0, 1), batch)
 
       def accumulate(grad_sum, micro):
         micro_batch, index = micro
-        grads, metrics = grads_and_metrics(state.params, micro_batch, stage1, jax.random.fold_in(dropout_key, index))
+        grads, metrics = grads_and_metrics(state.params, micro_batch, stage1, jax.random.fold_in(step_key, index))
         return jax.tree.map(jnp.add, grad_sum, grads), metrics
 
       zeros = jax.tree.map(jnp.zeros_like, state.params)

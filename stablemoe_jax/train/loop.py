@@ -80,9 +80,9 @@ class Experiment:
 
   def abstract_state(self) -> TrainState:
     """Shapes, dtypes and this mesh's shardings of the train state (for restoring into this layout)."""
-    shapes = jax.eval_shape(self.init_state)
-    return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                        shapes, self.state_shardings)
+    def with_sharding(sharding, shape):  # shape: a ShapeDtypeStruct, or an empty node (optax's MaskedNode)
+      return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding) if hasattr(shape, "shape") else shape
+    return jax.tree.map(with_sharding, self.state_shardings, jax.eval_shape(self.init_state))
 
   def evaluate(self, params, split: str, max_batches: int = 0) -> dict[str, float]:
     """Perplexity on ``split`` with the inference routing; ``max_batches > 0`` evaluates a prefix."""

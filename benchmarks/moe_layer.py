@@ -69,7 +69,8 @@ def main():
         eval_capacity_factor=args.capacity_factor, num_groups=args.groups, shuffle_tokens=False, dispatcher=name,
         stablemoe=dict(balance_alpha=0.3, distill_weight=1.0, distill_dim=50, centroid_gain=0.1)))
     layer = MoELayer(cfg, 10000, args.sublayers, args.d_ff)
-    params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
+    with jax.set_mesh(mesh):
+      params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
 
     def moe_loss(params, x, layer=layer):
       return jnp.sum(layer.apply({"params": params}, x, ids, jnp.array(True)) ** 2)

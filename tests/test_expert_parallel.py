@@ -36,7 +36,7 @@ def run_python(args: list[str], devices: int, timeout: int = 600, env_extra: dic
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
   out = tmp_path_factory.mktemp("layouts")
-  result = run_python(["tests/ep_layouts_script.py", str(out)], devices=4)
+  result = run_python(["tests/ep_layouts_script.py", str(out)], devices=4, timeout=1500)
   assert result.returncode == 0, result.stderr[-3000:]
   return np.load(out / "layouts.npz"), json.loads((out / "summary.json").read_text())
 

@@ -98,11 +98,8 @@ class Experiment:
 
   def abstract_state(self) -> TrainState:
     """Shapes, dtypes and this mesh's shardings of the train state (for restoring into this layout)."""
-    def with_sharding(sharding, shape):
-      # The shardings tree is a prefix of the state's: one sharding may stand for an empty optax MaskedNode.
-      if isinstance(shape, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding)
-      return shape
+    def with_sharding(sharding, shape):  # shape: a ShapeDtypeStruct, or an empty node (optax's MaskedNode)
+      return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding) if hasattr(shape, "shape") else shape
     return jax.tree.map(with_sharding, self.state_shardings, jax.eval_shape(self.init_state))
 
   def evaluate(self, params, split: str, max_batches: int = 0) -> dict[str, float]:

@@ -67,7 +67,7 @@ def main():
     cfg = ml_collections.ConfigDict(dict(
         router="stablemoe", num_experts=args.experts, capacity_factor=args.capacity_factor,
         eval_capacity_factor=args.capacity_factor, num_groups=args.groups, shuffle_tokens=False, dispatcher=name,
-        stablemoe=dict(balance_alpha=0.3, distill_weight=1.0, distill_dim=50, centroid_gain=0.1)))
+        stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1)))
     layer = MoELayer(cfg, 10000, args.sublayers, args.d_ff)
     with jax.set_mesh(mesh):
       params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])

@@ -90,6 +90,9 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
              f"mesh.expert={config.mesh.expert} must divide model.moe.num_experts={moe.num_experts}; "
              f"set --config.mesh.expert to a divisor of {moe.num_experts}.")
     _check_routers(config)
+  _require((moe.enabled and model.get("dense_match", "none") == "none") or config.mesh.expert == 1,
+           f"mesh.expert={config.mesh.expert}, but a dense model has no experts to split over devices; "
+           f"set --config.mesh.expert=1 (every device then takes a share of the batch).")
   _require(model.get("dense_match", "none") in DENSE_MATCHES,
            f"model.dense_match={model.get('dense_match')!r} is unknown; choose one of {DENSE_MATCHES}.")
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import flax.linen as nn
 from flax import traverse_util
 
 EXPERTS_MODULE = "experts"
 
 
 def _flat(params: Any) -> dict[tuple[str, ...], Any]:
-  return traverse_util.flatten_dict(params)
+  return traverse_util.flatten_dict(nn.unbox(params))  # expert parameters come boxed with their logical axes
 
 
 def param_counts(params: Any) -> dict[str, int]:

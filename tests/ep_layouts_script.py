@@ -39,7 +39,7 @@ def tiny_config(expert: int):
   model.dropout = 0.0
   moe = model.moe
   moe.num_experts, moe.sublayers_per_expert, moe.placement = EXPERTS, 3, "scattered"  # 3 MoE layers of 1 sublayer
-  moe.capacity_factor, moe.num_groups, moe.stablemoe.distill_dim = 1.0, GROUPS, 8  # C = 4 of 32 tokens a group
+  moe.capacity_factor, moe.num_groups, moe.distilled_router.dim = 1.0, GROUPS, 8  # C = 4 of 32 tokens a group
   config.train.steps, config.train.stage1_steps, config.train.warmup_steps = 3, 2, 1  # step 3 is stage 2
   config.train.batch_size, config.train.seq_len, config.train.learning_rate = 8, 16, 3e-3
   config.mesh.expert = expert

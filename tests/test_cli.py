@@ -70,7 +70,7 @@ def prepared_workdir(ptb_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("how", ["flag", "xla_flags"])
 def test_cpu_device_count_from_flag_or_xla_flags(prepared_workdir, how):
-  args = ["--workdir", str(prepared_workdir), "--mode=eval"]
+  args = ["--workdir", str(prepared_workdir), "--mode=eval", "--config.model.moe.num_groups=4"]
   env = {"JAX_PLATFORMS": "cpu", "STABLEMOE_DATA_DIR": str(prepared_workdir / "nowhere")}
   if how == "flag":
     args.append("--cpu_devices=4")

@@ -20,7 +20,7 @@ def _model_config(moe: bool, num_layers: int = 2):
   config.d_ff, config.max_len, config.dropout = 256, SEQ, 0.0
   config.moe.enabled, config.moe.num_experts, config.moe.sublayers_per_expert = moe, 4, 2
   config.moe.d_ff = 128
-  config.moe.stablemoe.distill_dim = 16
+  config.moe.distilled_router.dim = 16
   config.moe.eval_capacity_factor = 1.0  # capacity T / N: the experts compute exactly one token's worth each
   return config
 

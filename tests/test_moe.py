@@ -8,7 +8,7 @@ import pytest
 
 from stablemoe_jax.models import dispatch
 from stablemoe_jax.models.moe import MoELayer
-from stablemoe_jax.models.routers import StableMoERouter
+from stablemoe_jax.models.routers import DISTILLED_ROUTER_DEFAULTS, StableMoERouter
 from stablemoe_jax.models.routing import stablemoe_balance_loss
 
 D, FF, E, SUB, VOCAB = 8, 16, 4, 2, 11
@@ -19,7 +19,8 @@ def moe_config(capacity_factor=2.0, eval_capacity_factor=0.0, num_groups=1, disp
       router="stablemoe", num_experts=E, capacity_factor=capacity_factor,
       eval_capacity_factor=eval_capacity_factor, d_ff=FF, num_groups=num_groups, shuffle_tokens=False,
       dispatcher=dispatcher,
-      stablemoe=dict(balance_alpha=0.3, distill_weight=1.0, distill_dim=5, centroid_gain=0.1),
+      stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1),
+      distilled_router={**DISTILLED_ROUTER_DEFAULTS, "dim": 5},
   ))
 
 

@@ -1,6 +1,7 @@
 """Routers and dense baselines against hand-computed values, scipy, and the StableMoE freeze on real data."""
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -166,7 +167,7 @@ def tiny_model_config(**moe):
 
 
 def real_param_count(config):
-  params = TransformerLM(config).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.array(True))["params"]
+  params = nn.unbox(TransformerLM(config).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.array(True))["params"])
   return sum(x.size for x in jax.tree.leaves(params)), params
 
 

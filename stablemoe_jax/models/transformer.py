@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from stablemoe_jax.models.experts import FFNExperts
+from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.moe import MoELayer
 
 PLACEMENTS = ("bottom", "middle", "top", "scattered")
@@ -134,8 +134,11 @@ class TransformerLM(nn.Module):
       for k in [k for k, p in enumerate(placement) if p == block]:
         if dense_match != "none":  # one dense "expert" with the MoE model's parameters, every token through it
           dense_sublayers, width = dense_match_plan(cfg)
-          ffn = FFNExperts(1, dense_sublayers, width, cfg.dropout, dtype, name=f"dense_ffn_{k}")
-          x = x + ffn(x.reshape(1, -1, d), deterministic=deterministic).reshape(x.shape)
+          ffn_params = FFNExperts(1, dense_sublayers, width, name=f"dense_ffn_{k}")(d)
+          rng = self.make_rng("dropout") if cfg.dropout > 0 and not deterministic else None
+          rows = jnp.arange(x.shape[0], dtype=jnp.int32)  # each sequence its own dropout "group"
+          x = x + apply_ffn_experts(ffn_params, x[None], jnp.zeros((1,), jnp.int32), rows, rng,
+                                    dropout=cfg.dropout, dtype=dtype)[0]
           continue
         x = MoELayer(moe, cfg.vocab_size, max(1, sublayers), moe.d_ff or cfg.d_ff, cfg.dropout, dtype,
                      name=f"moe_{k}")(x, tokens, in_stage1, deterministic)

@@ -1,4 +1,4 @@
-"""The paper's comparison (Table 3) at CPU scale: 8 methods x 1 seed, about 5 minutes each on 2 cores.
+"""The paper's comparison (Table 3) at CPU scale: 8 methods x 1 seed, about 3-4 minutes each on 2 cores.
 
 Run: python -m stablemoe_jax.compare --config configs/compare_cpu.py --workdir runs/compare
 Subsets and seeds: --config.compare.methods=stablemoe,dense --config.compare.seeds=3
@@ -12,12 +12,13 @@ from configs import default
 
 def get_config() -> ml_collections.ConfigDict:
   config = default.get_config()
-  config.train.steps = 300  # 300 x 16 x 128 = 614K tokens (two thirds of a PTB epoch) per method
-  config.train.stage1_steps = 100  # routing learned (and distilled, for fixed-routing variants) in the first third
-  config.train.warmup_steps = 30
+  config.train.steps = 200  # 200 x 16 x 128 = 410K tokens (under half a PTB epoch) per method
+  config.train.stage1_steps = 70  # routing learned (and distilled, for fixed-routing variants) in the first third
+  config.train.warmup_steps = 20
   config.train.eval_every = 50  # points of the convergence plot
   config.train.eval_batches = 0  # the whole validation split at each point (PTB: 18 batches)
   config.train.checkpoint_every = 100
+  config.analysis.record_every = 10  # routing records for the fluctuation curves
 
   config.compare = ml_collections.ConfigDict()
   # Comma-separated names from stablemoe_jax/compare/methods.py METHODS, run in this order.

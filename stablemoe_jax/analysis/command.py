@@ -7,6 +7,7 @@ import ml_collections
 
 from stablemoe_jax.analysis.report import write_report
 from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.models.transformer import has_moe_layers
 from stablemoe_jax.train import loop
 
 
@@ -14,8 +15,9 @@ def analyze_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathlib
                        step: int | None = None, split: str = "valid") -> dict:
   """Restores the checkpoint at ``step`` (default: latest) and writes cohesion and load statistics for ``split``,
   plus the fluctuation summary and plot of the run's routing records, into ``workdir/analysis``."""
-  if not config.model.moe.enabled:
-    raise ConfigError("model.moe.enabled is False: a dense model has no routing to analyse; "
+  if not has_moe_layers(config.model):
+    raise ConfigError("this is a dense model (model.moe.enabled=False or model.dense_match set): it has no routing "
+                      "to analyse; "
                       "use the config the run was trained with.")
   exp = loop.Experiment(config, workdir)
   try:

@@ -7,6 +7,7 @@ from stablemoe_jax.analysis import records as records_lib
 from stablemoe_jax.analysis.report import write_report
 from stablemoe_jax.analysis.routes import analysis_model, make_sample_router, stack_layers
 from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.models.transformer import has_moe_layers
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
 
@@ -30,7 +31,7 @@ class RoutingRecorder:
     self._every = cfg.analysis.record_every
     self._steps, self._stage1_steps = cfg.train.steps, cfg.train.stage1_steps
     self._num_experts = cfg.model.moe.num_experts
-    self.enabled = bool(cfg.model.moe.enabled and self._every > 0)
+    self.enabled = has_moe_layers(cfg.model) and self._every > 0
     self._directory = records_lib.records_dir(exp.workdir)
     self._is_chief = jax.process_index() == 0
     self._meta_written = False
@@ -82,6 +83,6 @@ class RoutingRecorder:
   def finish(self, state, step: int) -> dict | None:
     """At the end of training: the cohesion, load and fluctuation files of the final state (analysis.report_at_end)."""
     cfg = self._exp.config
-    if not (cfg.model.moe.enabled and cfg.analysis.report_at_end):
+    if not (has_moe_layers(cfg.model) and cfg.analysis.report_at_end):
       return None
     return write_report(self._exp, state.params, "valid", step)

@@ -33,6 +33,11 @@ def moe_positions(num_layers: int, placement: str) -> tuple[int, ...]:
   return table[placement]
 
 
+def has_moe_layers(model_config) -> bool:
+  """Whether the model routes tokens at all (a dense baseline with ``dense_match`` has none)."""
+  return bool(model_config.moe.enabled and model_config.get("dense_match", "none") == "none")
+
+
 def count_params(model_config, seq_len: int = 8) -> int:
   """Parameters of the TransformerLM that ``model_config`` describes (abstract init: nothing is allocated)."""
   tokens = jnp.zeros((1, min(seq_len, model_config.max_len)), jnp.int32)

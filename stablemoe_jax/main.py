@@ -13,6 +13,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from stablemoe_jax import plan as plan_lib
 from stablemoe_jax.analysis import command as analysis_command
 from stablemoe_jax.config_validation import ConfigError
 from stablemoe_jax.data import DataError, DataNotFoundError
@@ -21,8 +22,11 @@ from stablemoe_jax.train.checkpoint import CheckpointMismatchError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, tokenizer and data.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "analyze"],
-                          "train (resumes if possible), eval a checkpoint, or analyze its routing (DIR/analysis).")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "analyze", "plan"],
+                          "train (resumes if possible), eval a checkpoint, analyze its routing (DIR/analysis), "
+                          "or plan the memory of the config on --plan_devices accelerators.")
+_PLAN_DEVICES = flags.DEFINE_integer("plan_devices", None, "--mode=plan: the number of accelerators to plan for.")
+_PLAN_MEMORY = flags.DEFINE_float("plan_memory_gib", 80.0, "--mode=plan: memory of one accelerator, GiB.")
 _STEP = flags.DEFINE_integer("step", None, "--mode=eval: checkpoint step to restore (default: latest).")
 _SPLIT = flags.DEFINE_enum("split", "valid", ["valid", "test"], "--mode=eval: split to evaluate.")
 _DISTRIBUTED = flags.DEFINE_bool(
@@ -62,7 +66,11 @@ def main(argv: list[str]) -> None:
                                shutdown_timeout_seconds=_SHUTDOWN_TIMEOUT.value)
   if jax.process_index() == 0:
     print(f"{jax.process_count()} process(es), devices: {jax.devices()}", flush=True)
-  if _MODE.value == "train":
+  if _MODE.value == "plan":
+    plan_lib.check_plan_flags(_PLAN_DEVICES.value, _PLAN_MEMORY.value)
+    result = plan_lib.plan(_CONFIG.value, _PLAN_DEVICES.value, _PLAN_MEMORY.value)
+    print(plan_lib.format_plan(result))
+  elif _MODE.value == "train":
     result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   elif _MODE.value == "analyze":
     result = analysis_command.analyze_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value, _SPLIT.value)

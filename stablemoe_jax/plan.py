@@ -1,0 +1,188 @@
+"""``--mode=plan``: per-device memory and all-to-all traffic of a config on a mesh, before paying for one.
+
+Parameters and optimizer state are exact: their shardings come from the same logical-axis rules as
+training (:mod:`stablemoe_jax.parallel.sharding`) on an abstract mesh of the requested size, so no
+device is needed. Activations are an estimate (the tensors a step keeps for its backward pass, per
+microbatch); where this process has enough devices (``--cpu_devices=N`` on a laptop), the train step
+is also compiled and XLA's own temporary-memory figure is reported beside it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.sharding import AbstractMesh
+
+from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.models.transformer import TransformerLM, has_moe_layers, moe_positions
+from stablemoe_jax.parallel import mesh as mesh_lib
+from stablemoe_jax.parallel import sharding as sharding_lib
+from stablemoe_jax.train import state as state_lib
+from stablemoe_jax.train.optimizer import make_optimizer
+from stablemoe_jax.train.step import make_train_step
+
+# The paper's vocabulary (GPT-2 BPE) where the config leaves it to the tokenizer (model.vocab_size = 0).
+DEFAULT_PLAN_VOCAB = 50_257
+GIB = 2**30
+
+
+def _resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict(config.to_dict())
+  if not config.model.vocab_size:
+    config.model.vocab_size = DEFAULT_PLAN_VOCAB
+  return config
+
+
+def _per_device_bytes(shardings: Any, shapes: Any) -> int:
+  """Bytes one device holds of ``shapes`` laid out by ``shardings`` (a prefix tree of it)."""
+  def one(sharding, shape):
+    if not isinstance(shape, jax.ShapeDtypeStruct):  # an empty optax MaskedNode
+      return 0
+    return math.prod(sharding.shard_shape(shape.shape)) * shape.dtype.itemsize
+  return int(sum(jax.tree.leaves(jax.tree.map(one, shardings, shapes))))
+
+
+def state_bytes_per_device(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
+  """Exact per-device bytes of parameters and optimizer state on a ``(data, expert)`` mesh of ``num_devices``."""
+  mesh = AbstractMesh((num_devices // config.mesh.expert, config.mesh.expert), sharding_lib.MESH_AXES)
+  model, tx = TransformerLM(config.model), make_optimizer(config.train)
+  boxed = jax.eval_shape(state_lib._boxed_init(model, tx, 0, config.train.seq_len))  # pylint: disable=protected-access
+  shardings = sharding_lib.state_shardings(boxed, mesh)
+  shapes = nn.unbox(boxed)
+  return {"params": _per_device_bytes(shardings.params, shapes.params),
+          "opt_state": _per_device_bytes(shardings.opt_state, shapes.opt_state),
+          "params_total": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes.params)))}
+
+
+def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: int, microbatches: int) -> int:
+  """Estimate of the activations one device keeps for the backward pass of one microbatch.
+
+  Per token: each block keeps about ``10 d + 2 d_ff`` values (LayerNorm inputs and outputs, q/k/v,
+  attention and FFN outputs, the ReLU input) plus its attention probabilities ``H * S``; each MoE
+  sublayer ``(4 d + 2 d_ff_e)`` per capacity slot (``capacity_factor`` slots per token, plus the
+  dispatch buffers); the LM head its float32 logits and their softmax (``2 V``).
+  """
+  model, train = config.model, config.train
+  itemsize = jnp.dtype(model.dtype).itemsize
+  tokens = train.batch_size // microbatches * train.seq_len / num_devices
+  per_token = model.num_layers * ((10 * model.d_model + 2 * model.d_ff) * itemsize
+                                  + model.num_heads * train.seq_len * 4)
+  if has_moe_layers(model):
+    moe = model.moe
+    layers = len(moe_positions(model.num_layers, moe.placement))
+    sublayers = max(1, moe.sublayers_per_expert // layers)
+    slots = max(moe.capacity_factor, 1.0)
+    per_token += layers * slots * (sublayers * (4 * model.d_model + 2 * (moe.d_ff or model.d_ff))
+                                   + 2 * model.d_model) * itemsize
+  per_token += 2 * model.vocab_size * 4
+  return int(tokens * per_token)
+
+
+def all_to_all_bytes_per_device(config: ml_collections.ConfigDict, num_devices: int) -> int:
+  """Bytes one device sends through all-to-alls in one train step (forward and backward, every MoE layer)."""
+  model, train, expert_devices = config.model, config.train, config.mesh.expert
+  if not has_moe_layers(model) or expert_devices == 1:
+    return 0
+  moe = model.moe
+  tokens = train.batch_size * train.seq_len  # the whole step, all microbatches
+  capacity_slots = moe.num_experts * math.ceil(moe.capacity_factor * tokens / moe.num_groups / moe.num_experts)
+  buffer = capacity_slots * moe.num_groups / num_devices * model.d_model * jnp.dtype(model.dtype).itemsize
+  layers = len(moe_positions(model.num_layers, moe.placement))
+  # Dispatch and return in the forward, their transposes in the backward; the local share stays put.
+  return int(4 * layers * buffer * (expert_devices - 1) / expert_devices)
+
+
+def compiled_temp_bytes(config: ml_collections.ConfigDict, num_devices: int) -> int | None:
+  """XLA's temporary memory per device for the compiled train step, or None without ``num_devices`` devices."""
+  if jax.device_count() < num_devices:
+    return None
+  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:num_devices])
+  model, tx = TransformerLM(config.model), make_optimizer(config.train)
+  state_shardings = state_lib.train_state_shardings(model, tx, config.train.seq_len, mesh)
+  batch_sharding = sharding_lib.batch_sharding(mesh)
+  step = jax.jit(make_train_step(model, tx, config), donate_argnums=0,
+                 in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, sharding_lib.replicated(mesh)))
+  shapes = jax.eval_shape(lambda: nn.unbox(state_lib._boxed_init(model, tx, 0, config.train.seq_len)()))  # pylint: disable=protected-access
+  rows, seq = config.train.batch_size, config.train.seq_len
+  batch = {"inputs": jax.ShapeDtypeStruct((rows, seq), jnp.int32),
+           "targets": jax.ShapeDtypeStruct((rows, seq), jnp.int32),
+           "weights": jax.ShapeDtypeStruct((rows, seq), jnp.float32)}
+  with jax.set_mesh(mesh):
+    compiled = step.lower(shapes, batch).compile()
+  return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+def plan(config: ml_collections.ConfigDict, num_devices: int, memory_gib: float, compile_step: bool = True) -> dict:
+  """The plan of ``config`` on ``num_devices`` accelerators of ``memory_gib`` GiB each (see the module doc)."""
+  config = _resolved(config)
+  validate_config(config)
+  mesh_lib.check_layout(config, num_devices)
+  state = state_bytes_per_device(config, num_devices)
+  grads = state["params"]  # float32, laid out as the parameters
+  rows_per_device = config.train.batch_size // num_devices
+  options = []
+  for microbatches in range(1, config.train.batch_size + 1):
+    if config.train.batch_size % microbatches or (config.train.batch_size // microbatches) % num_devices:
+      continue
+    activations = activation_bytes_per_device(config, num_devices, microbatches)
+    total = state["params"] + state["opt_state"] + grads + activations
+    options.append({"microbatches": microbatches, "activations_gib": activations / GIB, "total_gib": total / GIB,
+                    "fits": total <= memory_gib * GIB})
+  chosen = next((o for o in options if o["microbatches"] == config.train.microbatches and o["fits"]), None)
+  smallest = next((o for o in options if o["fits"]), None)
+  result = {
+      "devices": num_devices, "mesh": {"data": num_devices // config.mesh.expert, "expert": config.mesh.expert},
+      "vocab_size": config.model.vocab_size, "rows_per_device": rows_per_device,
+      "params_total_gib": state["params_total"] / GIB,
+      "params_gib_per_device": state["params"] / GIB, "opt_state_gib_per_device": state["opt_state"] / GIB,
+      "grads_gib_per_device": grads / GIB,
+      "config_microbatches": config.train.microbatches,
+      "activations_gib_per_device": activation_bytes_per_device(config, num_devices, config.train.microbatches) / GIB,
+      "all_to_all_gib_per_step_per_device": all_to_all_bytes_per_device(config, num_devices) / GIB,
+      "memory_gib": memory_gib,
+      "fits_with_config_microbatches": chosen is not None,
+      "smallest_microbatches_that_fit": smallest["microbatches"] if smallest else None,
+  }
+  if compile_step:
+    temp = compiled_temp_bytes(config, num_devices)
+    result["compiled_temp_gib_per_device"] = None if temp is None else temp / GIB
+  if smallest is None:
+    result["advice"] = ("does not fit even one row per device at a time: raise mesh.expert, use more devices, "
+                        "or shrink the model.")
+  return result
+
+
+def check_plan_flags(num_devices: int | None, memory_gib: float) -> None:
+  if not num_devices or num_devices < 1:
+    raise ConfigError("--mode=plan needs --plan_devices=N, the number of accelerators to plan for.")
+  if memory_gib <= 0:
+    raise ConfigError(f"--plan_memory_gib={memory_gib} must be positive (an H100 has 80).")
+
+
+def format_plan(result: dict) -> str:
+  """Human-readable lines of a plan."""
+  rows = [
+      f"plan: {result['devices']} devices, mesh data={result['mesh']['data']} x expert={result['mesh']['expert']}, "
+      f"vocab {result['vocab_size']}",
+      f"  parameters (all)           {result['params_total_gib']:8.2f} GiB",
+      f"  per device: parameters     {result['params_gib_per_device']:8.2f} GiB (exact)",
+      f"              optimizer      {result['opt_state_gib_per_device']:8.2f} GiB (exact)",
+      f"              gradients      {result['grads_gib_per_device']:8.2f} GiB",
+      f"              activations    {result['activations_gib_per_device']:8.2f} GiB (estimate, "
+      f"train.microbatches={result['config_microbatches']})",
+  ]
+  if result.get("compiled_temp_gib_per_device") is not None:
+    rows.append(f"              XLA temp       {result['compiled_temp_gib_per_device']:8.2f} GiB (compiled on host CPU)")
+  rows += [
+      f"  all-to-all per step        {result['all_to_all_gib_per_step_per_device']:8.2f} GiB sent per device",
+      f"  fits {result['memory_gib']:g} GiB with train.microbatches={result['config_microbatches']}: "
+      f"{'yes' if result['fits_with_config_microbatches'] else 'no'}; smallest train.microbatches that fits: "
+      f"{result['smallest_microbatches_that_fit']}",
+  ]
+  return "\n".join(rows)
+

@@ -59,14 +59,15 @@ def test_forward_gradients_and_three_steps_match_one_device(layouts):
   assert _compare(arrays, "params", rtol=1e-4, atol=2e-4) > 20
   # Balance loss, per-expert loads and dropped fractions of every MoE layer, at every one of the three steps.
   assert _compare(arrays, "metrics", rtol=1e-5, atol=1e-6) >= 3 * (4 + 2 * 3)
-  # What each MoE layer sows (balance and distillation losses, loads, dropped fraction, distillation metrics).
-  assert _compare(arrays, "sown", rtol=1e-5, atol=1e-7) == 6 * 3
+  # What each MoE layer sows: balance and distillation losses; load, dropped fraction, load entropy, mean gate;
+  # distillation loss and accuracy, centroid disagreement.
+  assert _compare(arrays, "sown", rtol=1e-5, atol=1e-7) == 9 * 3
   for name in [k for k in arrays.files if k.startswith("one_device/") and ("load" in k or "dropped" in k)]:
     for layout in LAYOUTS:  # counts of tokens: exactly equal
       np.testing.assert_array_equal(arrays[name.replace("one_device/", f"{layout}/")], arrays[name], err_msg=name)
   dropped = [float(arrays[f"one_device/metrics/{i}/moe/moe_{k}/dropped_fraction"]) for i in range(3) for k in range(3)]
   assert min(dropped) > 0.05  # capacity is small enough that tokens drop
-  assert float(arrays["one_device/metrics/0/balance_loss"]) > 0
+  assert float(arrays["one_device/metrics/0/aux/balance"]) > 0
 
 
 @pytest.mark.slow

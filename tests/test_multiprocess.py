@@ -19,7 +19,9 @@ from conftest import MAIN, REPO, make_tiny_config, tiny_flags
 from stablemoe_jax.data import load_lm_data
 
 HEARTBEAT_S = 5
-TINY = tiny_flags(steps=1000, stage1_steps=5, warmup_steps=2, log_every=3, checkpoint_every=3)
+# 4 routing groups: a multiple of the device count of every layout used here (2 x 1 and 2 x 2).
+TINY = [*tiny_flags(steps=1000, stage1_steps=5, warmup_steps=2, log_every=3, checkpoint_every=3),
+        "--config.model.moe.num_groups=4"]
 ENV = {**{k: v for k, v in os.environ.items() if k != "STABLEMOE_DATA_DIR"}, "JAX_PLATFORMS": "cpu"}
 
 
@@ -135,7 +137,8 @@ def test_launcher_gives_each_process_the_devices_asked_for(prepared_data, tmp_pa
   """2 processes x 2 devices form one 4-device job; with no checkpoint to evaluate each stops with status 2."""
   workdir = _workdir(prepared_data, tmp_path / "run")
   result = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", "2", "--config", "configs/default.py",
-                           "--workdir", str(workdir), "--mode=eval"], cwd=REPO, env=ENV, capture_output=True,
+                           "--workdir", str(workdir), "--mode=eval", "--config.model.moe.num_groups=4"], cwd=REPO,
+                          env=ENV, capture_output=True,
                           text=True, timeout=300)
   devices = "CpuDevice(id=0), CpuDevice(id=1), CpuDevice(id=2048), CpuDevice(id=2049)"
   assert f"2 process(es), devices: [{devices}]" in result.stdout, result.stderr[-3000:]

@@ -6,19 +6,16 @@ Any config value can be overridden on the command line, ml_collections style:
 from __future__ import annotations
 
 import json
-import sys
 
 import jax
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from stablemoe_jax import cli
 from stablemoe_jax import plan as plan_lib
 from stablemoe_jax.analysis import command as analysis_command
-from stablemoe_jax.config_validation import ConfigError
-from stablemoe_jax.data import DataError, DataNotFoundError
 from stablemoe_jax.train import loop
-from stablemoe_jax.train.checkpoint import CheckpointMismatchError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, tokenizer and data.")
@@ -45,9 +42,6 @@ _INIT_TIMEOUT = flags.DEFINE_integer(
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "Number of CPU devices this process gets (sets jax_num_cpu_devices before JAX starts), "
     "to try a mesh on a laptop; same as XLA_FLAGS=--xla_force_host_platform_device_count=N.")
-# Errors whose message names the problem and the fix; a traceback would add nothing.
-USER_ERRORS = (ConfigError, DataError, DataNotFoundError, CheckpointMismatchError, loop.NonFiniteLossError,
-               FileNotFoundError)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -80,23 +74,8 @@ def main(argv: list[str]) -> None:
     print(json.dumps(result, indent=2))
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  """Parses the flags so that a mistyped config key is one clear line, not a traceback."""
-  try:
-    return flags.FLAGS(argv)
-  except (AttributeError, KeyError, flags.Error) as error:
-    message = str(error).strip("'\"").replace("\\n", " ").replace("\n", " ")
-    print(f"error: bad flag or config override: {message}\n"
-          f"Every config key is listed in the file given to --config.", file=sys.stderr)
-    sys.exit(2)
-
-
 def run() -> None:
-  try:
-    app.run(main, flags_parser=_parse_flags)
-  except USER_ERRORS as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
+  cli.run_app(main)
 
 
 if __name__ == "__main__":

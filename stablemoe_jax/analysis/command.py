@@ -21,12 +21,7 @@ def analyze_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathlib
                       "use the config the run was trained with.")
   exp = loop.Experiment(config, workdir)
   try:
-    step = exp.checkpointer.latest_step if step is None else step
-    if step is None:
-      raise FileNotFoundError(
-          f"no checkpoint in {exp.workdir / 'checkpoints'}; train first with --mode=train and this --workdir."
-      )
-    state, _ = exp.checkpointer.restore(step, exp.abstract_state(), for_training=False)
+    step, state = exp.restore_for_evaluation(step)
     return write_report(exp, state.params, split, step)
   finally:
     exp.checkpointer.close()

@@ -102,6 +102,16 @@ class Experiment:
       return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding) if hasattr(shape, "shape") else shape
     return jax.tree.map(with_sharding, self.state_shardings, jax.eval_shape(self.init_state))
 
+  def restore_for_evaluation(self, step: int | None) -> tuple[int, TrainState]:
+    """``(step, state)`` of the checkpoint at ``step`` (None: the latest), laid out on this mesh."""
+    step = self.checkpointer.latest_step if step is None else step
+    if step is None:
+      raise FileNotFoundError(
+          f"no checkpoint in {self.workdir / 'checkpoints'}; train first with --mode=train and this --workdir."
+      )
+    state, _ = self.checkpointer.restore(step, self.abstract_state(), for_training=False)
+    return step, state
+
   def evaluate(self, params, split: str, max_batches: int = 0) -> dict[str, float]:
     """Perplexity on ``split`` with the inference routing; ``max_batches > 0`` evaluates a prefix."""
     cfg = self.config.eval
@@ -263,12 +273,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathli
   """Restores the checkpoint at ``step`` (default: latest) and reports perplexity on ``split``."""
   exp = Experiment(config, workdir)
   try:
-    step = exp.checkpointer.latest_step if step is None else step
-    if step is None:
-      raise FileNotFoundError(
-          f"no checkpoint in {exp.workdir / 'checkpoints'}; train first with --mode=train and this --workdir."
-      )
-    state, _ = exp.checkpointer.restore(step, exp.abstract_state(), for_training=False)
+    step, state = exp.restore_for_evaluation(step)
     result = {"step": step, "split": split, **exp.evaluate(state.params, split)}
   finally:
     exp.checkpointer.close()

@@ -19,6 +19,14 @@ import jax.numpy as jnp
 DISTILLED_ROUTER_NAME = "distilled_router"
 
 
+def _embedding_and_centroids(router: nn.Module) -> tuple[jax.Array, jax.Array]:
+  """The parameters every distilled router has: ``embedding [V, dim]`` (N(0, 1)) and ``centroids [N, dim]``."""
+  embedding = router.param("embedding", nn.initializers.normal(1.0), (router.vocab_size, router.dim))
+  centroids = router.param("centroids", nn.initializers.orthogonal(router.centroid_gain),
+                           (router.num_experts, router.dim))
+  return embedding, centroids
+
+
 class WordEmbeddingRouter(nn.Module):
   """``ŝ[t, i] = Ê_i · D(x_t)``: routing logits from the token id alone.
 
@@ -37,10 +45,7 @@ class WordEmbeddingRouter(nn.Module):
   @nn.compact
   def __call__(self, token_ids: jax.Array) -> jax.Array:
     """token_ids int32 [T] (or any shape [...]) -> float32 logits [T, N] (T = all ids, flattened)."""
-    embedding = self.param("embedding", nn.initializers.normal(1.0), (self.vocab_size, self.dim))
-    centroids = self.param(
-        "centroids", nn.initializers.orthogonal(self.centroid_gain), (self.num_experts, self.dim)
-    )
+    embedding, centroids = _embedding_and_centroids(self)
     features = jnp.take(embedding, token_ids.reshape(-1), axis=0)
     return features @ centroids.T
 
@@ -61,10 +66,7 @@ class CausalCNNRouter(nn.Module):
   def __call__(self, token_ids: jax.Array) -> jax.Array:
     """token_ids int32 [B, S] -> float32 logits [B * S, N]."""
     _require_2d(token_ids)
-    embedding = self.param("embedding", nn.initializers.normal(1.0), (self.vocab_size, self.dim))
-    centroids = self.param(
-        "centroids", nn.initializers.orthogonal(self.centroid_gain), (self.num_experts, self.dim)
-    )
+    embedding, centroids = _embedding_and_centroids(self)
     x = jnp.take(embedding, token_ids, axis=0)  # [B, S, dim]
     x = nn.Conv(self.dim, (self.kernel_size,), padding=((self.kernel_size - 1, 0),), name="conv")(x)
     return nn.relu(x).reshape(-1, self.dim) @ centroids.T
@@ -87,10 +89,7 @@ class CausalTransformerRouter(nn.Module):
   def __call__(self, token_ids: jax.Array) -> jax.Array:
     """token_ids int32 [B, S] -> float32 logits [B * S, N]."""
     _require_2d(token_ids)
-    embedding = self.param("embedding", nn.initializers.normal(1.0), (self.vocab_size, self.dim))
-    centroids = self.param(
-        "centroids", nn.initializers.orthogonal(self.centroid_gain), (self.num_experts, self.dim)
-    )
+    embedding, centroids = _embedding_and_centroids(self)
     x = jnp.take(embedding, token_ids, axis=0) + _sinusoids(token_ids.shape[1], self.dim)
     mask = nn.make_causal_mask(token_ids)
     for i in range(self.num_layers):

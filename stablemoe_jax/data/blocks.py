@@ -59,40 +59,6 @@ class TrainBlocks:
     }
 
 
-class EvalRows:
-  """Non-overlapping rows tiling every prediction of a stream exactly once, in order."""
-
-  def __init__(self, stream: TokenStream, seq_len: int, num_padded_rows: int = 0, pad_id: int = 0):
-    if seq_len < 1:
-      raise ValueError(f'seq_len must be positive, got {seq_len}.')
-    self._stream = stream
-    self.seq_len = seq_len
-    self.pad_id = pad_id
-    self.num_targets = max(len(stream) - 1, 0)
-    self.num_data_rows = -(-self.num_targets // seq_len)
-    self._len = self.num_data_rows + num_padded_rows
-
-  def __len__(self) -> int:
-    return self._len
-
-  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    index = int(index)
-    if not 0 <= index < self._len:
-      raise IndexError(f'row {index} out of range [0, {self._len})')
-    s = self.seq_len
-    inputs = np.full(s, self.pad_id, dtype=np.int32)
-    targets = np.full(s, self.pad_id, dtype=np.int32)
-    weights = np.zeros(s, dtype=np.float32)
-    start = index * s  # Input position of the row's first prediction.
-    n = min(s, self.num_targets - start)
-    if n > 0:
-      tokens = self._stream.read(start, start + n + 1)
-      inputs[:n] = tokens[:-1]
-      targets[:n] = tokens[1:]
-      weights[:n] = 1.0
-    return {'inputs': inputs, 'targets': targets, 'weights': weights}
-
-
 class SlidingEvalRows:
   """Overlapping windows of S inputs advancing by ``stride``, scoring every prediction once.
 
@@ -136,3 +102,10 @@ class SlidingEvalRows:
       first_scored = 0 if index == 0 else s - self.stride
       weights[first_scored:n] = 1.0
     return {'inputs': inputs, 'targets': targets, 'weights': weights}
+
+
+class EvalRows(SlidingEvalRows):
+  """Non-overlapping rows tiling every prediction of a stream exactly once, in order."""
+
+  def __init__(self, stream: TokenStream, seq_len: int, num_padded_rows: int = 0, pad_id: int = 0):
+    super().__init__(stream, seq_len, seq_len, num_padded_rows, pad_id)

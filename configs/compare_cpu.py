@@ -1,4 +1,4 @@
-"""The paper's comparison (Table 3) at CPU scale: 8 methods x 1 seed, about 3-4 minutes each on 2 cores.
+"""The paper's comparison (Table 3) at CPU scale: 8 methods x 1 seed, 3-9 minutes each on 2 cores (dense fastest).
 
 Run: python -m stablemoe_jax.compare --config configs/compare_cpu.py --workdir runs/compare
 Subsets and seeds: --config.compare.methods=stablemoe,dense --config.compare.seeds=3

@@ -51,6 +51,7 @@ def test_unknown_method_on_the_command_line_is_one_clear_error(tmp_path):
 @pytest.mark.slow
 def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, tmp_path):
   config = _compare_config(tiny_config, "stablemoe,dense", seeds=2)
+  config.analysis.record_every = 3  # routing records at steps 0, 3, ..., 12: the fluctuation column
   dense_config = methods_lib.apply_overrides(config, methods_lib.METHODS["dense"])
   dense_config.seed = config.seed + 1
   # A killed run: dense, seed index 1, stopped after step 6 (its last checkpoint is step 4).
@@ -76,11 +77,15 @@ def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, tmp
   assert stable["shared_params"] > dense["shared_params"]  # the routers
   assert stable["flops_per_token"] > dense["flops_per_token"]
   assert 0 <= stable["distill_agreement_at_boundary"] <= 1 and dense["distill_agreement_at_boundary"] is None
+  # StableMoE trains with the frozen distilled routing from step 5 of 12: no token changes expert after 50%.
+  assert stable["fluctuation"]["after_50"] == 0.0 == stable["fluctuation"]["after_80"]
+  assert 0 <= stable["fluctuation"]["after_20"] <= 1 and dense["fluctuation"] is None
   saved = json.loads((tmp_path / "comparison.json").read_text())
   assert [m["valid_ppl_mean"] for m in saved["methods"]] == [stable["valid_ppl_mean"], dense["valid_ppl_mean"]]
   table = (tmp_path / "comparison.md").read_text()
   assert f"| StableMoE | {stable['shared_params'] / 1e6:.2f}M | {stable['expert_params'] / 1e6:.2f}M |" in table
   assert f"{dense['valid_ppl_mean']:.2f} ± {dense['valid_ppl_std']:.2f}" in table
+  assert table.count("| 0.0% / 0.0% |") == 1  # StableMoE's fluctuation cell; dense has "--"
   assert (tmp_path / "convergence.png").read_bytes()[:4] == b"\x89PNG"
 
   # Run again: nothing is retrained and the results are the same.

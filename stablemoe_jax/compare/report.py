@@ -20,6 +20,13 @@ def _mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
   return np.mean(np.asarray([c[:length] for c in curves], dtype=np.float64), axis=0).tolist()
 
 
+def _mean_shares(shares: list[dict | None]) -> dict[str, float] | None:
+  """Mean over seeds of each fluctuation share; None if any run has no routing records."""
+  if not shares or any(s is None for s in shares):
+    return None
+  return {key: float(np.mean([s[key] for s in shares])) for key in shares[0]}
+
+
 def method_rows(records: list[dict]) -> list[dict]:
   """One dict per method (in run order) with every number of the table; extend a row with more keys freely."""
   rows: dict[str, dict] = {}
@@ -44,6 +51,7 @@ def method_rows(records: list[dict]) -> list[dict]:
         "train_seconds": float(np.mean([s["train_seconds"] for s in summaries])),
         "distill_agreement_at_boundary": (float(np.mean(agreements)) if all(a is not None for a in agreements)
                                           else None),
+        "fluctuation": _mean_shares([r.get("fluctuation") for r in runs]),
         "eval": summaries[0].get("eval"),
         "curve": _mean_curve([r["curve"] for r in runs]),
     })
@@ -71,6 +79,8 @@ COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
     ("train wall time", lambda r: f"{r['train_seconds'] / 60:.1f} min"),
     ("distill agreement at stage-1 end", lambda r: "--" if r["distill_agreement_at_boundary"] is None
      else f"{r['distill_agreement_at_boundary']:.1%}"),
+    ("tokens changing expert after 50% / 80% of training", lambda r: "--" if r["fluctuation"] is None
+     else f"{r['fluctuation']['after_50']:.1%} / {r['fluctuation']['after_80']:.1%}"),
 ]
 
 
@@ -91,7 +101,9 @@ def _budget_note(config, rows: list[dict]) -> str:
           f"method has one; {seeds} seed(s), perplexity mean{' ± sample std' if seeds > 1 else ''} over seeds, on "
           f"every token of the split ({mode}). FLOPs: forward matmuls per token, top-1 (the active expert only). "
           f"Wall time and tokens/s: training (compilation included), evaluations excluded. Distill agreement: "
-          f"validation tokens whose distilled-router expert is the learned one, at the end of stage 1.\n")
+          f"validation tokens whose distilled-router expert is the learned one, at the end of stage 1. "
+          f"Tokens changing expert: of the recorded validation sample, the share whose expert in the routing used "
+          f"for training last changed after 50% (80%) of the steps (routing fluctuation, the paper's Figure 1).\n")
 
 
 def write_plot(rows: list[dict], path: pathlib.Path) -> None:

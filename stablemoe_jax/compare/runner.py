@@ -10,6 +10,7 @@ import jax
 import ml_collections
 
 from stablemoe_jax import flops as flops_lib
+from stablemoe_jax.analysis import fluctuation, records as records_lib
 from stablemoe_jax.compare.methods import METHODS, method_configs
 from stablemoe_jax.train import loop
 from stablemoe_jax.train.metrics import read_metrics
@@ -48,6 +49,14 @@ def validation_curve(directory: pathlib.Path, summary: dict) -> list[list[float]
   return curve
 
 
+def routing_fluctuation(directory: pathlib.Path) -> dict[str, float] | None:
+  """Shares of recorded tokens whose training-time expert last changed after 20/50/80% of training; None unrecorded."""
+  try:
+    return fluctuation.shares_from_workdir(directory)
+  except records_lib.RecordsNotFoundError:
+    return None
+
+
 def run_all(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=print) -> list[dict]:
   """Trains (or finds finished) every method x seed; returns one record per run, in order.
 
@@ -83,5 +92,6 @@ def run_all(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=
           flush=True)
       records.append({"method": name, "label": METHODS[name].label, "seed_index": k, "seed": run_config.seed,
                       "overrides": METHODS[name].overrides, "workdir": str(directory), "summary": summary,
-                      "curve": validation_curve(directory, summary), **costs})
+                      "curve": validation_curve(directory, summary),
+                      "fluctuation": routing_fluctuation(directory), **costs})
   return records

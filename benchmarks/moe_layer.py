@@ -15,11 +15,12 @@ Times are medians of ``--repeats`` calls.
 
   python -m benchmarks.moe_layer [--tokens 4096 --d_model 256 --d_ff 1024 --experts 8 --sublayers 2 --groups 1
                                   --capacity_factor 2.0 --block_size 128 --dispatchers index,grouped]
+"""
 from __future__ import annotations
 
 import argparse
-import json
 import functools
+import json
 import statistics
 import time
 
@@ -76,7 +77,8 @@ def main():
   args = parser.parse_args()
   names = args.dispatchers.split(",")
   if args.autodiff_check:
-    dispatch.DISPATCHERS["grouped_autodiff"] = grouped_autodiff_dispatch  # this process only
+    dispatch.DISPATCHERS["grouped_autodiff"] = functools.partial(  # this process only
+        grouped_autodiff_dispatch, block_size=args.block_size)
     names.append("grouped_autodiff")
 
   x = jax.random.normal(jax.random.key(0), (1, args.tokens, args.d_model))

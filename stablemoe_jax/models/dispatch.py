@@ -292,7 +292,9 @@ def grouped_dispatch(x, slots, expert_params, rng, *, expert_fn, num_experts, ca
   :func:`max_blocks`) run through their expert one by one, so the experts compute about the routed rows
   plus < b per expert, not E * C per group. Dropped tokens get zeros. Dropout masks are drawn per
   (expert, block, sublayer), so they differ from ``index``'s; without dropout the outputs are the same.
-  Single device or GSPMD only (no expert parallelism).
+  The backward recomputes each block's forward (see :func:`_block_experts`): in training it pays off
+  when capacity buffers are mostly empty (cf 2), not at cf 1. Single device or GSPMD only (no expert
+  parallelism).
   """
   groups, group_size, d = x.shape
   block_size = max(1, min(block_size, groups * group_size, groups * num_experts * capacity))

@@ -1,19 +1,27 @@
 """MoE layer speed: each dispatcher (``model.moe.dispatcher``) vs a dense FFN of the same active FLOPs.
 
-Each variant runs forward + backward under jit on the same tokens; the dense
-FFN (every token through ``sublayers`` FFN sublayers, no routing) is the
-baseline measured in the same run, so the ratios carry across machines. The
-dispatchers are chosen through the layer's config, as a run would:
-``index`` (scatter / gather), ``one_hot`` (GShard's [T, E, C] einsum) and
-``all_to_all`` (the expert-parallel one, here on a mesh of this process's first
-device, so it measures the shard_map overhead without communication).
+Each variant runs forward + backward under jit on the same tokens (and the
+forward alone, as evaluation does); the dense FFN (every token through
+``sublayers`` FFN sublayers, no routing) is the baseline measured in the same
+run, so the ratios carry across machines. The dispatchers are chosen through
+the layer's config, as a run would: ``index`` (scatter / gather), ``grouped``
+(expert-sorted rows in blocks, real rows only), ``one_hot`` (GShard's [T, E, C]
+einsum) and ``all_to_all`` (the expert-parallel one, here on a mesh of this
+process's first device, so it measures the shard_map overhead without
+communication). ``--capacity_factor 0`` is evaluation without drops
+(capacity = every token of a group). ``--autodiff_check`` also times the grouped
+dispatcher with JAX's own scan gradient instead of its custom VJP.
+Times are medians of ``--repeats`` calls.
 
-  python -m benchmarks.moe_layer [--tokens 4096 --d_model 256 --d_ff 1024 --experts 8 --sublayers 2 --groups 1]
+  python -m benchmarks.moe_layer [--tokens 4096 --d_model 256 --d_ff 1024 --experts 8 --sublayers 2 --groups 1
+                                  --capacity_factor 2.0 --block_size 128 --dispatchers index,grouped]
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import statistics
 import time
 
 import flax.linen as nn
@@ -21,20 +29,36 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from stablemoe_jax.models import dispatch
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.moe import MoELayer
 from stablemoe_jax.parallel import mesh as mesh_lib
 
-DISPATCHERS = ("index", "one_hot", "all_to_all")
+DISPATCHERS = ("index", "grouped", "one_hot", "all_to_all")
 
 
 def time_fn(fn, *args, repeats: int) -> float:
+  """Median seconds of one call (after a compiling call): robust to other jobs on a shared machine."""
   jax.block_until_ready(fn(*args))
-  start = time.perf_counter()
+  times = []
   for _ in range(repeats):
-    out = fn(*args)
-  jax.block_until_ready(out)
-  return (time.perf_counter() - start) / repeats
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def grouped_autodiff_dispatch(x, slots, expert_params, rng, *, expert_fn, num_experts, capacity, block_size):
+  """The grouped dispatcher with autodiff of its block scan (no custom VJP): the per-block weight slice's
+  gradient is a zero-padded [E, ...] tensor added to the accumulator each block."""
+  groups, group_size, d = x.shape
+  block_size = max(1, min(block_size, groups * group_size, groups * num_experts * capacity))
+  row, block_expert = dispatch.grouped_rows(slots, num_experts, capacity, block_size)
+  num_rows = block_expert.shape[0] * block_size
+  blocks = dispatch.gather_rows(x.reshape(-1, d), dispatch._inverse_index(row, num_rows))
+  y = dispatch._block_experts(expert_fn, num_experts).fun(expert_params, blocks.reshape(-1, block_size, d),
+                                                           block_expert, rng)
+  return dispatch.gather_rows(y.reshape(num_rows, d), row).reshape(groups, group_size, d)
 
 
 def main():
@@ -46,8 +70,16 @@ def main():
   parser.add_argument("--sublayers", type=int, default=2)
   parser.add_argument("--groups", type=int, default=1)
   parser.add_argument("--capacity_factor", type=float, default=2.0)
+  parser.add_argument("--block_size", type=int, default=128)
+  parser.add_argument("--dispatchers", default=",".join(DISPATCHERS), help="comma-separated subset")
+  parser.add_argument("--autodiff_check", action="store_true")
   parser.add_argument("--repeats", type=int, default=10)
   args = parser.parse_args()
+  names = args.dispatchers.split(",")
+  if args.autodiff_check:
+    dispatch.DISPATCHERS["grouped_autodiff"] = functools.partial(  # this process only
+        grouped_autodiff_dispatch, block_size=args.block_size)
+    names.append("grouped_autodiff")
 
   x = jax.random.normal(jax.random.key(0), (1, args.tokens, args.d_model))
   ids = jax.random.randint(jax.random.key(1), (1, args.tokens), 0, 10000)
@@ -63,11 +95,13 @@ def main():
 
   results = {"device": str(jax.devices()[0].device_kind), "args": vars(args)}
   results["dense_ffn_s"] = time_fn(grad(dense_loss), dense_params, x, repeats=args.repeats)
-  for name in DISPATCHERS:
+  dense_fwd = lambda params, x: x + apply_ffn_experts(params, x[None], jnp.arange(1), jnp.arange(1), None)[0]
+  results["dense_ffn_fwd_s"] = time_fn(jax.jit(dense_fwd), dense_params, x, repeats=args.repeats)
+  for name in names:
     cfg = ml_collections.ConfigDict(dict(
         router="stablemoe", num_experts=args.experts, capacity_factor=args.capacity_factor,
         eval_capacity_factor=args.capacity_factor, num_groups=args.groups, shuffle_tokens=False, dispatcher=name,
-        stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1)))
+        eval_dispatcher=name, block_size=args.block_size, stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1)))
     layer = MoELayer(cfg, 10000, args.sublayers, args.d_ff)
     with jax.set_mesh(mesh):
       params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
@@ -77,7 +111,13 @@ def main():
 
     results[f"moe_{name}_s"] = time_fn(grad(moe_loss), params, x, repeats=args.repeats)
     results[f"moe_{name}_over_dense"] = results[f"moe_{name}_s"] / results["dense_ffn_s"]
-  results["tokens_per_s_index_dispatch"] = args.tokens / results["moe_index_s"]
+    forward = jax.jit(functools.partial(layer.apply, deterministic=True))
+    with jax.set_mesh(mesh):
+      results[f"moe_{name}_fwd_s"] = time_fn(forward, {"params": params}, x, ids, jnp.array(True),
+                                             repeats=args.repeats)
+    results[f"moe_{name}_fwd_over_dense"] = results[f"moe_{name}_fwd_s"] / results["dense_ffn_fwd_s"]
+  if "index" in names:
+    results["tokens_per_s_index_dispatch"] = args.tokens / results["moe_index_s"]
   print(json.dumps(results, indent=2))
 
 

@@ -41,8 +41,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Routing groups G: capacity ceil(cf * T / G / E) per (group, expert); a multiple of the device count.
   config.model.moe.num_groups = 1
   config.model.moe.shuffle_tokens = True  # training: random order within a group before capacity (drops random)
-  # auto (all_to_all if mesh.expert > 1, else index) | index | all_to_all | one_hot (benchmark)
+  # auto (all_to_all if mesh.expert > 1, else index) | index | all_to_all | grouped | one_hot (benchmark)
   config.model.moe.dispatcher = "auto"
+  # Evaluation's: auto (grouped if no token can be dropped and mesh.expert == 1, else as training) | any dispatcher
+  config.model.moe.eval_dispatcher = "auto"
+  config.model.moe.block_size = 128  # grouped dispatcher: rows per block; each expert's rows padded to a multiple
   # Each router's own settings, read (and validated) only when that router is chosen; setting one of an
   # unselected router is an error. The defaults must equal ROUTERS[name].defaults.
   config.model.moe.stablemoe = ml_collections.ConfigDict()

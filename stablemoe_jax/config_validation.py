@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from stablemoe_jax.models.distill import DISTILLED_KINDS
-from stablemoe_jax.models.dispatch import DISPATCHER_NAMES
+from stablemoe_jax.models.dispatch import DEFAULT_BLOCK_SIZE, DISPATCHER_NAMES, SINGLE_DEVICE_DISPATCHERS
 from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import PLACEMENTS
 
@@ -86,6 +86,16 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
                f"({section} rows x {section}.seq_len); choose a divisor of {tokens}.")
     _require(moe.dispatcher in DISPATCHER_NAMES,
              f"model.moe.dispatcher={moe.dispatcher!r} is unknown; choose one of {DISPATCHER_NAMES}.")
+    eval_dispatcher = moe.get("eval_dispatcher", "auto")
+    _require(eval_dispatcher in DISPATCHER_NAMES,
+             f"model.moe.eval_dispatcher={eval_dispatcher!r} is unknown; choose one of {DISPATCHER_NAMES}.")
+    block_size = moe.get("block_size", DEFAULT_BLOCK_SIZE)
+    _require(block_size > 0, f"model.moe.block_size={block_size} must be positive (rows per block of the "
+                             f"grouped dispatcher; {DEFAULT_BLOCK_SIZE} by default).")
+    for key, name in (("dispatcher", moe.dispatcher), ("eval_dispatcher", eval_dispatcher)):
+      _require(name not in SINGLE_DEVICE_DISPATCHERS or config.mesh.expert == 1,
+               f"model.moe.{key}={name!r} has no expert parallelism, but mesh.expert={config.mesh.expert}; "
+               f"use --config.model.moe.{key}=auto (all_to_all over the expert axis) or --config.mesh.expert=1.")
     _require(config.mesh.expert > 0 and moe.num_experts % config.mesh.expert == 0,
              f"mesh.expert={config.mesh.expert} must divide model.moe.num_experts={moe.num_experts}; "
              f"set --config.mesh.expert to a divisor of {moe.num_experts}.")

@@ -75,7 +75,8 @@ def init_layer(cfg, tokens=12, seed=0):
 
 @pytest.mark.parametrize("stage1", [True, False])
 @pytest.mark.parametrize("capacity_factor", [2.0, 0.5])
-@pytest.mark.parametrize("num_groups, dispatcher", [(1, "index"), (3, "index"), (3, "one_hot")])
+@pytest.mark.parametrize("num_groups, dispatcher", [(1, "index"), (3, "index"), (3, "one_hot"),
+                                                  (1, "grouped"), (3, "grouped")])
 def test_layer_matches_per_token_loop(stage1, capacity_factor, num_groups, dispatcher):
   cfg = moe_config(capacity_factor=capacity_factor, num_groups=num_groups, dispatcher=dispatcher)
   layer, params, x, ids = init_layer(cfg, tokens=24)

@@ -23,6 +23,9 @@ class MoELayer(nn.Module):
   ``shuffle`` rng given) positions are assigned in a random order within each group. The
   dispatcher (``model.moe.dispatcher``) moves the rows to the experts and back; with "auto" it is
   the all-to-all one when the mesh of the surrounding ``jax.set_mesh`` has an ``expert`` axis > 1.
+  Evaluation (``deterministic``) uses ``model.moe.eval_dispatcher``; its "auto" is the grouped
+  dispatcher when no token can be dropped (capacity = group size) and experts are not split over
+  devices, so no-drop evaluation costs about the routed rows, not E times them.
 
   Attributes:
     moe_config: the ``model.moe`` config (router name and its settings, experts, capacity, groups).
@@ -63,7 +66,9 @@ class MoELayer(nn.Module):
     expert_params = experts.FFNExperts(num_experts, self.num_sublayers, self.d_ff, name="experts")(d)
     dropout_rng = self.make_rng("dropout") if self.dropout > 0 and not deterministic else None
     expert_fn = functools.partial(experts.apply_ffn_experts, dropout=self.dropout, dtype=self.dtype)
-    dispatcher = dispatch.choose_dispatcher(cfg.get("dispatcher", "auto"))
+    dispatcher = dispatch.choose_dispatcher(
+        cfg.get("dispatcher", "auto"), eval_name=cfg.get("eval_dispatcher", "auto") if deterministic else None,
+        no_drops=capacity == group_size, block_size=cfg.get("block_size", dispatch.DEFAULT_BLOCK_SIZE))
     expert_out = dispatcher(h.reshape(groups, group_size, d), slots, expert_params, dropout_rng,
                             expert_fn=expert_fn, num_experts=num_experts, capacity=capacity).reshape(-1, d)
     out = h + routing.gate[:, None].astype(h.dtype) * expert_out

@@ -29,7 +29,7 @@ def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
 
 # Model settings that choose how a result is computed across devices, not the result (like `mesh`, which
 # is never compared): a checkpoint restores under any of their values.
-_LAYOUT_MOE_KEYS = ("dispatcher",)
+_LAYOUT_MOE_KEYS = ("dispatcher", "eval_dispatcher", "block_size")
 
 
 def _comparable(config: dict, for_training: bool) -> dict:

@@ -11,7 +11,9 @@
 # Per-step batches: the configs' 512 x 1024 tokens (8 microbatches of 64 x 1024) are cut to 16 x 1024 in one
 # microbatch (--config.train.batch_size=16 --config.train.microbatches=1; num_groups=16, one routing group
 # per sequence as in the configs), so a case compiles and steps in seconds. lm_large runs on one device
-# (mesh.expert=1) with 8 x 1024 tokens: its 3.2B expert parameters with Adam take most of an 80 GB card.
+# (mesh.expert=1) with 4 x 1024 tokens: its parameters, gradients and Adam state take 53 GiB (plan.py), and
+# 8 x 1024 would add ~24 GiB of activations, too close to an H100's 78 GiB; on an H200 set LARGE_ROWS=8.
+# BASE_ROWS / LARGE_ROWS change the rows (of 1024 tokens) per step.
 set -u
 OUT=${OUT:?set OUT to the output folder}
 mkdir -p "$OUT"
@@ -41,18 +43,20 @@ run() {  # run PART SECONDS command...
   echo "== $part exit $?" >>"$OUT/suite.log"
 }
 
-BATCH="--config.train.batch_size=16 --config.train.microbatches=1 --config.model.moe.num_groups=16"
+BASE_ROWS=${BASE_ROWS:-16}
+LARGE_ROWS=${LARGE_ROWS:-4}
 for part in $PARTS; do
   case $part in
     base)  # lm_base: dense + default cases (index cf 2.0 / 1.0, grouped where present)
-      run base 200 $PY -m benchmarks.throughput --config configs/lm_base.py $BATCH --steps 8 --warmup 2 ;;
+      run base 200 $PY -m benchmarks.throughput --config configs/lm_base.py --config.train.batch_size=$BASE_ROWS \
+        --config.train.microbatches=1 --config.model.moe.num_groups=$BASE_ROWS --steps 8 --warmup 2 ;;
     large)  # lm_large: dense + index and (if present) grouped at cf 1.0
       cases="index_cf1.0:model.moe.dispatcher=index,model.moe.capacity_factor=1.0"
       if $PY -c "import sys; from stablemoe_jax.models.dispatch import DISPATCHERS; sys.exit('grouped' not in DISPATCHERS)"; then
         cases="$cases;grouped_cf1.0:model.moe.dispatcher=grouped,model.moe.capacity_factor=1.0"
       fi
       run large 140 $PY -m benchmarks.throughput --config configs/lm_large.py --config.mesh.expert=1 \
-        --config.train.batch_size=8 --config.train.microbatches=1 --config.model.moe.num_groups=8 \
+        --config.train.batch_size=$LARGE_ROWS --config.train.microbatches=1 --config.model.moe.num_groups=$LARGE_ROWS \
         --steps 5 --warmup 1 --cases "$cases" ;;
     layer)  # one MoE layer, fwd + bwd, float32: base (16K tokens, 768/3072, 32 experts, 3 sublayers), large
       for cf in 2.0 1.0; do  # one routing group per 1024 tokens, as in the configs

@@ -93,9 +93,10 @@ def test_bfloat16_model_keeps_float32_params_router_logits_logits_and_losses():
   params = _init(model)
   assert {x.dtype for x in jax.tree.leaves(nn.unbox(params))} == {jnp.dtype(jnp.float32)}
   rng = jax.random.key(3)
-  logits, state = model.apply({"params": params}, _tokens(), jnp.array(True), deterministic=False,
-                              rngs={"dropout": rng, SHUFFLE_RNG: rng}, mutable=[AUX_LOSS, METRICS, "intermediates"],
-                              capture_intermediates=True)
+  apply = jax.jit(lambda params, tokens: model.apply(
+      {"params": params}, tokens, jnp.array(True), deterministic=False, rngs={"dropout": rng, SHUFFLE_RNG: rng},
+      mutable=[AUX_LOSS, METRICS, "intermediates"], capture_intermediates=True))
+  logits, state = apply(params, _tokens())
   assert logits.dtype == jnp.float32
   inter = state["intermediates"]
   router = inter["moe_0"]["router"]
@@ -106,3 +107,13 @@ def test_bfloat16_model_keeps_float32_params_router_logits_logits_and_losses():
   losses = jax.tree.leaves(state[AUX_LOSS])
   assert losses and all(x.dtype == jnp.float32 for x in losses)
   assert token_nll(logits, _tokens()).dtype == jnp.float32
+
+
+def test_checkpoints_restore_across_attention_and_remat_and_from_before_them():
+  from stablemoe_jax.train import checkpoint
+
+  old = _config().to_dict()
+  del old["model"]["attention"], old["model"]["remat"]  # written before these keys existed
+  new = _config(remat="block", attention="xla").to_dict()
+  comparable = checkpoint._comparable  # pylint: disable=protected-access
+  assert checkpoint._differences(comparable(old, True), comparable(new, True)) == []  # pylint: disable=protected-access

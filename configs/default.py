@@ -24,7 +24,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.d_ff = 1024
   config.model.max_len = 128
   config.model.dropout = 0.05
-  config.model.dtype = "float32"
+  config.model.dtype = "float32"  # compute dtype (float32 | bfloat16 | float16); parameters stay float32
+  # jax.nn.dot_product_attention implementation: auto (cudnn on a GPU in bf16/fp16, else xla) | xla | cudnn
+  config.model.attention = "auto"
+  # Recompute decoder blocks and MoE layers in the backward pass: none | block | block_dots_saveable (saves
+  # weight-matmul outputs). none: block costs 12% of the step on CPU (benchmarks/throughput.py) for no need here.
+  config.model.remat = "none"
   # Dense baselines with the MoE model's total parameters (model.moe describes that MoE model; the model has no
   # MoE layer): "deeper" puts more FFN sublayers where the MoE layers were, "wider" the same sublayers, wider.
   config.model.dense_match = "none"  # none | deeper | wider

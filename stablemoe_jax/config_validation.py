@@ -4,7 +4,8 @@ from __future__ import annotations
 from stablemoe_jax.models.distill import DISTILLED_KINDS
 from stablemoe_jax.models.dispatch import DEFAULT_BLOCK_SIZE, DISPATCHER_NAMES, SINGLE_DEVICE_DISPATCHERS
 from stablemoe_jax.models.routers import ROUTERS
-from stablemoe_jax.models.transformer import PLACEMENTS
+from stablemoe_jax.models.transformer import (ATTENTION_IMPLEMENTATIONS, PLACEMENTS, REMAT_POLICIES,
+                                               attention_implementation)
 
 DTYPES = ("float32", "bfloat16", "float16")
 DENSE_MATCHES = ("none", "deeper", "wider")
@@ -56,6 +57,14 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
            f"model.d_model={model.d_model} must be divisible by model.num_heads={model.num_heads}.")
   _require(0.0 <= model.dropout < 1.0, f"model.dropout={model.dropout} must lie in [0, 1).")
   _require(model.dtype in DTYPES, f"model.dtype={model.dtype!r} is unknown; choose one of {DTYPES}.")
+  attention = model.get("attention", "auto")
+  _require(attention in ATTENTION_IMPLEMENTATIONS,
+           f"model.attention={attention!r} is unknown; choose one of {ATTENTION_IMPLEMENTATIONS}.")
+  _require(attention != "cudnn" or model.dtype in ("bfloat16", "float16"),
+           f"model.attention='cudnn' needs model.dtype bfloat16 or float16 (got {model.dtype!r}); "
+           f"use --config.model.attention=auto or --config.model.dtype=bfloat16.")
+  remat = model.get("remat", "none")
+  _require(remat in REMAT_POLICIES, f"model.remat={remat!r} is unknown; choose one of {tuple(REMAT_POLICIES)}.")
   _require(model.vocab_size >= 0, f"model.vocab_size={model.vocab_size} must be >= 0 (0: the tokenizer's).")
   if data_vocab_size is not None and model.vocab_size:
     _require(
@@ -105,6 +114,17 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
            f"set --config.mesh.expert=1 (every device then takes a share of the batch).")
   _require(model.get("dense_match", "none") in DENSE_MATCHES,
            f"model.dense_match={model.get('dense_match')!r} is unknown; choose one of {DENSE_MATCHES}.")
+
+
+def check_backend(config, backend: str) -> None:
+  """Raises ConfigError if the config cannot run on JAX backend ``backend`` ("cpu", "gpu", "tpu").
+
+  Separate from :func:`validate_config`, which cannot know the machine: call it where the model is built.
+  """
+  try:
+    attention_implementation(config.model, backend)
+  except ValueError as error:
+    raise ConfigError(str(error)) from None
 
 
 def _differences(section, defaults: dict) -> list[tuple[str, object]]:

@@ -14,6 +14,16 @@ from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.moe import MoELayer
 
 PLACEMENTS = ("bottom", "middle", "top", "scattered")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+# model.remat -> the jax.checkpoint policy of the rematerialised decoder blocks and MoE layers.
+REMAT_POLICIES = {
+    "none": None,  # no remat: every activation the backward pass needs is stored
+    "block": jax.checkpoint_policies.nothing_saveable,  # store block inputs only, recompute the rest
+    # store the outputs of weight matmuls (no batch dims), recompute the rest (attention scores, expert
+    # einsums, elementwise): most of the saving, little of the recompute
+    "block_dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+_CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def moe_positions(num_layers: int, placement: str) -> tuple[int, ...]:
@@ -76,11 +86,42 @@ def dense_match_plan(model_config) -> tuple[int, int]:
   return _dense_plan(model_config.to_json())
 
 
+def attention_implementation(model_config, backend: str | None = None) -> str:
+  """``model.attention`` resolved for ``backend`` (default: JAX's): "xla" or "cudnn".
+
+  "auto" is cuDNN's fused (flash) attention on a GPU when the compute dtype is bfloat16 / float16 and
+  the head dimension is a multiple of 8 of at most 128 (what cuDNN's kernel takes), XLA's elsewhere.
+  "cudnn" where it cannot run raises ValueError here, at trace time, before anything is compiled.
+  """
+  name = model_config.get("attention", "auto")
+  backend = backend or jax.default_backend()
+  dtype = jnp.dtype(model_config.dtype)
+  head_dim = model_config.d_model // model_config.num_heads
+  if name == "auto":
+    fits = backend == "gpu" and dtype in _CUDNN_DTYPES and head_dim % 8 == 0 and head_dim <= 128
+    return "cudnn" if fits else "xla"
+  if name == "cudnn":
+    if backend != "gpu":
+      raise ValueError(f"model.attention='cudnn' needs an NVIDIA GPU, but JAX's backend is {backend!r}; "
+                       f"use --config.model.attention=auto (xla here) or xla.")
+    if dtype not in _CUDNN_DTYPES:
+      raise ValueError(f"model.attention='cudnn' needs model.dtype bfloat16 or float16 (got "
+                       f"{model_config.dtype!r}); use --config.model.attention=auto or --config.model.dtype=bfloat16.")
+  elif name not in ATTENTION_IMPLEMENTATIONS:
+    raise ValueError(f"model.attention={name!r} is unknown; choose one of {ATTENTION_IMPLEMENTATIONS}.")
+  return name
+
+
 class CausalSelfAttention(nn.Module):
-  """Multi-head causal self-attention: x [B, S, d] -> [B, S, d]."""
+  """Multi-head causal self-attention: x [B, S, d] -> [B, S, d].
+
+  ``implementation``: "xla" (scores [B, H, S, S] computed in full and masked) or "cudnn" (fused, skips
+  the masked half); see :func:`attention_implementation`.
+  """
 
   num_heads: int
   dtype: Any = jnp.float32
+  implementation: str = "xla"
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -88,7 +129,7 @@ class CausalSelfAttention(nn.Module):
     head_dim = d // self.num_heads
     qkv = nn.DenseGeneral((3, self.num_heads, head_dim), dtype=self.dtype, name="qkv")(x)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, S, H, Dh] each
-    out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.implementation)
     return nn.DenseGeneral(d, axis=(-2, -1), dtype=self.dtype, name="out")(out)
 
 
@@ -99,11 +140,13 @@ class DecoderBlock(nn.Module):
   d_ff: int
   dropout: float
   dtype: Any = jnp.float32
+  attention: str = "xla"
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     drop = nn.Dropout(self.dropout)
-    y = CausalSelfAttention(self.num_heads, self.dtype, name="attention")(nn.LayerNorm(dtype=self.dtype)(x))
+    attention = CausalSelfAttention(self.num_heads, self.dtype, self.attention, name="attention")
+    y = attention(nn.LayerNorm(dtype=self.dtype)(x))
     x = x + drop(y, deterministic=deterministic)
     y = nn.Dense(self.d_ff, dtype=self.dtype, name="ffn_in")(nn.LayerNorm(dtype=self.dtype)(x))
     y = nn.Dense(x.shape[-1], dtype=self.dtype, name="ffn_out")(nn.relu(y))
@@ -115,7 +158,10 @@ class TransformerLM(nn.Module):
 
   Attributes:
     config: the ``model`` config (vocab_size, d_model, num_heads, num_layers,
-      d_ff, max_len, dropout, dtype, ``moe`` and ``dense_match``).
+      d_ff, max_len, dropout, dtype, attention, remat, ``moe`` and ``dense_match``).
+
+  ``model.dtype`` is the compute dtype: parameters stay float32 (the optimizer's master weights) and are
+  cast where used; router affinities, the LM head's logits and every loss are float32.
   """
 
   config: Any
@@ -131,6 +177,15 @@ class TransformerLM(nn.Module):
     x = embed(tokens) * jnp.sqrt(d) + positions[: tokens.shape[1]]
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic).astype(dtype)
 
+    attention = attention_implementation(cfg)
+    remat = cfg.get("remat", "none")
+    if remat not in REMAT_POLICIES:
+      raise ValueError(f"model.remat={remat!r} is unknown; choose one of {tuple(REMAT_POLICIES)}.")
+    block_cls, moe_cls = DecoderBlock, MoELayer
+    if remat != "none":  # static_argnums count self: DecoderBlock(x, deterministic), MoELayer(x, ids, stage1, det)
+      block_cls = nn.remat(DecoderBlock, static_argnums=(2,), policy=REMAT_POLICIES[remat])
+      moe_cls = nn.remat(MoELayer, static_argnums=(4,), policy=REMAT_POLICIES[remat])
+
     moe = cfg.moe
     dense_match = cfg.get("dense_match", "none")
     placement = moe_positions(cfg.num_layers, moe.placement) if moe.enabled or dense_match != "none" else ()
@@ -145,9 +200,10 @@ class TransformerLM(nn.Module):
           x = x + apply_ffn_experts(ffn_params, x[None], jnp.zeros((1,), jnp.int32), rows, rng,
                                     dropout=cfg.dropout, dtype=dtype)[0]
           continue
-        x = MoELayer(moe, cfg.vocab_size, max(1, sublayers), moe.d_ff or cfg.d_ff, cfg.dropout, dtype,
-                     name=f"moe_{k}")(x, tokens, in_stage1, deterministic)
+        x = moe_cls(moe, cfg.vocab_size, max(1, sublayers), moe.d_ff or cfg.d_ff, cfg.dropout, dtype,
+                    name=f"moe_{k}")(x, tokens, in_stage1, deterministic)
       if block < cfg.num_layers:
-        x = DecoderBlock(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype, name=f"block_{block}")(x, deterministic)
+        x = block_cls(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype, attention, name=f"block_{block}")(
+            x, deterministic)
     x = nn.LayerNorm(dtype=dtype, name="final_norm")(x)
     return embed.attend(x.astype(jnp.float32))

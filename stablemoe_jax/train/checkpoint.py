@@ -30,10 +30,12 @@ def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
 # Model settings that choose how a result is computed across devices, not the result (like `mesh`, which
 # is never compared): a checkpoint restores under any of their values.
 _LAYOUT_MOE_KEYS = ("dispatcher", "eval_dispatcher", "block_size")
+# Likewise how the model is computed on this machine (attention kernel, rematerialisation): the same parameters.
+_IMPLEMENTATION_MODEL_KEYS = ("attention", "remat")
 
 
 def _comparable(config: dict, for_training: bool) -> dict:
-  model = dict(config["model"])
+  model = {k: v for k, v in config["model"].items() if k not in _IMPLEMENTATION_MODEL_KEYS}
   model["moe"] = {k: v for k, v in model.get("moe", {}).items() if k not in _LAYOUT_MOE_KEYS}
   sections = {"model": model, "data": {k: v for k, v in config["data"].items() if k != "data_dir"}}
   if for_training:

@@ -14,7 +14,7 @@ import tqdm
 
 from stablemoe_jax import data as data_lib
 from stablemoe_jax.analysis.recorder import RoutingRecorder
-from stablemoe_jax.config_validation import validate_config
+from stablemoe_jax.config_validation import check_backend, validate_config
 from stablemoe_jax.data.token_counts import split_token_counts
 from stablemoe_jax.models import routers
 from stablemoe_jax.models.transformer import TransformerLM
@@ -24,7 +24,7 @@ from stablemoe_jax.train import checkpoint as ckpt_lib
 from stablemoe_jax.train.metrics import MetricWriter, last_logged
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import TrainState, create_train_state, train_state_shardings
-from stablemoe_jax.train.step import make_eval_step, make_routing_agreement_step, make_train_step
+from stablemoe_jax.train.step import jit_train_step, make_eval_step, make_routing_agreement_step
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -39,6 +39,7 @@ class Experiment:
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path):
     validate_config(config)
+    check_backend(config, jax.default_backend())
     self.workdir = pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
     mesh_lib.check_layout(config, jax.device_count())
@@ -85,10 +86,8 @@ class Experiment:
     return self._train_token_counts
 
   def jit_train_step(self):
-    step = jax.jit(make_train_step(self.model, self.tx, self.config), donate_argnums=0,
-                   in_shardings=(self.state_shardings, sharding_lib.batch_sharding(self.mesh)),
-                   out_shardings=(self.state_shardings, sharding_lib.replicated(self.mesh)))
-    return mesh_lib.under_mesh(self.mesh, step)
+    return mesh_lib.under_mesh(self.mesh, jit_train_step(self.model, self.tx, self.config, self.mesh,
+                                                         self.state_shardings))
 
   def train_batches(self):
     """This process's share of every train batch, as a resumable grain iterator."""

@@ -10,6 +10,7 @@ from flax import traverse_util
 
 from stablemoe_jax.models.moe import SHUFFLE_RNG
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
+from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.train.optimizer import learning_rate_schedule
 from stablemoe_jax.train.state import TrainState, in_stage1
 
@@ -98,6 +99,17 @@ def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   return train_step
+
+
+def jit_train_step(model, tx: optax.GradientTransformation, config, mesh: jax.sharding.Mesh, state_shardings):
+  """The jitted train step of ``main`` (call it under ``jax.set_mesh(mesh)``).
+
+  ``donate_argnums=0``: the input state's buffers are donated, so XLA writes the new parameters and
+  optimizer state in place instead of holding two copies of them during the update.
+  """
+  return jax.jit(make_train_step(model, tx, config), donate_argnums=0,
+                 in_shardings=(state_shardings, sharding_lib.batch_sharding(mesh)),
+                 out_shardings=(state_shardings, sharding_lib.replicated(mesh)))
 
 
 def make_eval_step(model) -> Callable[[dict, Batch], dict[str, jax.Array]]:

@@ -5,9 +5,9 @@
 #
 # Writes $OUT/<part>.jsonl (one JSON object per line), $OUT/suite.log (every command, its stderr and exit
 # status) and $OUT/env.txt (GPU, driver, versions): 6 files. Each part runs under its own timeout, all
-# together at most 560 s (200 + 140 + 4 x 35 + 80), so one 10-minute command holds them; a part that times
-# out keeps the rows it printed (each case prints as it ends). Two commands (base large / layer agreement)
-# leave more room.
+# together at most 690 s (200 + 140 + 6 x 45 + 80): run it as two commands, `base large` (340 s) and
+# `layer agreement` (350 s), each inside one 10-minute call; a part that times out keeps the rows it printed
+# (each case prints as it ends).
 # Per-step batches: the configs' 512 x 1024 tokens (8 microbatches of 64 x 1024) are cut to 16 x 1024 in one
 # microbatch (--config.train.batch_size=16 --config.train.microbatches=1; num_groups=16, one routing group
 # per sequence as in the configs), so a case compiles and steps in seconds. lm_large runs on one device
@@ -58,12 +58,12 @@ for part in $PARTS; do
       run large 140 $PY -m benchmarks.throughput --config configs/lm_large.py --config.mesh.expert=1 \
         --config.train.batch_size=$LARGE_ROWS --config.train.microbatches=1 --config.model.moe.num_groups=$LARGE_ROWS \
         --steps 5 --warmup 1 --cases "$cases" ;;
-    layer)  # one MoE layer, fwd + bwd, float32: base (16K tokens, 768/3072, 32 experts, 3 sublayers), large
-      for cf in 2.0 1.0; do  # one routing group per 1024 tokens, as in the configs
-        run layer_raw 35 $PY -m benchmarks.moe_layer --tokens 16384 --d_model 768 --d_ff 3072 --experts 32 \
-          --sublayers 3 --groups 16 --capacity_factor $cf --repeats 10
-        run layer_raw 35 $PY -m benchmarks.moe_layer --tokens 16384 --d_model 1024 --d_ff 4096 --experts 64 \
-          --sublayers 6 --groups 16 --capacity_factor $cf --repeats 5
+    layer)  # one MoE layer, fwd + bwd, bf16: base (16K tokens, 768/3072, 32 experts, 3 sublayers), large
+      for cf in 2.0 1.0 0; do  # one routing group per 1024 tokens, as in the configs; 0: no drops (evaluation)
+        run layer_raw 45 $PY -m benchmarks.moe_layer --tokens 16384 --d_model 768 --d_ff 3072 --experts 32 \
+          --sublayers 3 --groups 16 --capacity_factor $cf --repeats 10 --dtype bfloat16 --dispatchers index,grouped,one_hot
+        run layer_raw 45 $PY -m benchmarks.moe_layer --tokens 16384 --d_model 1024 --d_ff 4096 --experts 64 \
+          --sublayers 6 --groups 16 --capacity_factor $cf --repeats 5 --dtype bfloat16 --dispatchers index,grouped
       done
       # moe_layer prints indented JSON objects: one line each in layer.jsonl
       $PY -c "

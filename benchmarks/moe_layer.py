@@ -74,14 +74,16 @@ def main():
   parser.add_argument("--dispatchers", default=",".join(DISPATCHERS), help="comma-separated subset")
   parser.add_argument("--autodiff_check", action="store_true")
   parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--dtype", default="float32", help="compute dtype of the FFN matmuls (bfloat16 on GPUs)")
   args = parser.parse_args()
+  dtype = jnp.dtype(args.dtype)
   names = args.dispatchers.split(",")
   if args.autodiff_check:
     dispatch.DISPATCHERS["grouped_autodiff"] = functools.partial(  # this process only
         grouped_autodiff_dispatch, block_size=args.block_size)
     names.append("grouped_autodiff")
 
-  x = jax.random.normal(jax.random.key(0), (1, args.tokens, args.d_model))
+  x = jax.random.normal(jax.random.key(0), (1, args.tokens, args.d_model)).astype(dtype)
   ids = jax.random.randint(jax.random.key(1), (1, args.tokens), 0, 10000)
   mesh = mesh_lib.make_mesh(ml_collections.ConfigDict({"expert": 1}), jax.devices()[:1])
   grad = lambda f: mesh_lib.under_mesh(mesh, jax.jit(jax.grad(f, argnums=(0, 1))))
@@ -90,24 +92,25 @@ def main():
   dense_params = nn.unbox(dense.init(jax.random.key(3), args.d_model)["params"])
 
   def dense_loss(params, x):
-    y = apply_ffn_experts(params, x[None], jnp.arange(1), jnp.arange(1), None)[0]
-    return jnp.sum((x + y) ** 2)
+    y = apply_ffn_experts(params, x[None], jnp.arange(1), jnp.arange(1), None, dtype=dtype)[0]
+    return jnp.sum(((x + y) ** 2).astype(jnp.float32))
 
   results = {"device": str(jax.devices()[0].device_kind), "args": vars(args)}
   results["dense_ffn_s"] = time_fn(grad(dense_loss), dense_params, x, repeats=args.repeats)
-  dense_fwd = lambda params, x: x + apply_ffn_experts(params, x[None], jnp.arange(1), jnp.arange(1), None)[0]
+  dense_fwd = lambda params, x: x + apply_ffn_experts(params, x[None], jnp.arange(1), jnp.arange(1), None,
+                                                     dtype=dtype)[0]
   results["dense_ffn_fwd_s"] = time_fn(jax.jit(dense_fwd), dense_params, x, repeats=args.repeats)
   for name in names:
     cfg = ml_collections.ConfigDict(dict(
         router="stablemoe", num_experts=args.experts, capacity_factor=args.capacity_factor,
         eval_capacity_factor=args.capacity_factor, num_groups=args.groups, shuffle_tokens=False, dispatcher=name,
         eval_dispatcher=name, block_size=args.block_size, stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1)))
-    layer = MoELayer(cfg, 10000, args.sublayers, args.d_ff)
+    layer = MoELayer(cfg, 10000, args.sublayers, args.d_ff, dtype=dtype)
     with jax.set_mesh(mesh):
       params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
 
     def moe_loss(params, x, layer=layer):
-      return jnp.sum(layer.apply({"params": params}, x, ids, jnp.array(True)) ** 2)
+      return jnp.sum((layer.apply({"params": params}, x, ids, jnp.array(True)) ** 2).astype(jnp.float32))
 
     results[f"moe_{name}_s"] = time_fn(grad(moe_loss), params, x, repeats=args.repeats)
     results[f"moe_{name}_over_dense"] = results[f"moe_{name}_s"] / results["dense_ffn_s"]

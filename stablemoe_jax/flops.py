@@ -10,7 +10,8 @@ built from these modules is covered (dense, deeper, wider, any router):
 * router ``centroids`` [N, d]: ``2 * N * d`` (every expert's score is computed);
 * expert weights ``w_in`` [E, s, d, f] and ``w_out`` [E, s, f, d]: ``2 * size / E * capacity_factor``
   (top-1: one expert per token; ``capacity_factor`` 1 is the active count, c > 1 is what
-  capacity-padded buffers compute);
+  capacity-padded buffers compute); the same stacked FFN outside an ``experts`` module (the dense
+  baselines' ``dense_ffn_*``, [1, s, ...], every token through it): ``2 * size``;
 * each causal self-attention: ``4 * S * d`` for ``QK^T`` and ``AV`` over all S keys (computed for the
   whole square and masked, as ``jax.nn.dot_product_attention`` does).
 """
@@ -55,6 +56,6 @@ def forward_flops_per_token(params: Any, seq_len: int, capacity_factor: float = 
       flops += 2 * size
     elif name == "centroids":
       flops += 2 * size
-    elif name in ("w_in", "w_out") and EXPERTS_MODULE in path[:-1]:
-      flops += 2 * size / leaf.shape[0] * capacity_factor
+    elif name in ("w_in", "w_out"):
+      flops += 2 * size / leaf.shape[0] * capacity_factor if EXPERTS_MODULE in path[:-1] else 2 * size
   return int(round(flops))

@@ -9,7 +9,7 @@ import pytest
 
 from configs import default
 from stablemoe_jax import flops
-from stablemoe_jax.models.transformer import TransformerLM
+from stablemoe_jax.models.transformer import TransformerLM, dense_match_plan
 
 BATCH, SEQ = 4, 32
 
@@ -51,6 +51,20 @@ def test_analytic_flops_match_hand_count_and_xla_cost_analysis(moe):
   assert analytic == expected
   # XLA also counts the elementwise work (LayerNorm, softmax, ReLU, residuals, gates) that the analytic count
   # leaves out: at this size it adds 2-4%; the bound also catches a matmul counted twice or forgotten.
+  xla = _xla_flops_per_token(model, params)
+  assert analytic <= xla <= 1.05 * analytic, (analytic, xla)
+
+
+@pytest.mark.parametrize("dense_match", ["deeper", "wider"])
+def test_dense_matched_models_count_every_ffn_sublayer(dense_match):
+  config = _model_config(True)
+  config.dense_match = dense_match
+  model = TransformerLM(config)
+  params = model.init(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
+  sublayers, width = dense_match_plan(config)
+  analytic = flops.forward_flops_per_token(params, SEQ)
+  assert analytic == _hand_count(64, 256, 2, 1000, SEQ) + sublayers * 4 * 64 * width
+  assert flops.param_counts(params)["expert"] == 0
   xla = _xla_flops_per_token(model, params)
   assert analytic <= xla <= 1.05 * analytic, (analytic, xla)
 

@@ -1,4 +1,4 @@
-"""CPU default: a small StableMoE LM on Penn Treebank, both stages, in about 15 minutes on 2 cores.
+"""CPU default: a small StableMoE LM on Penn Treebank, both stages, in 15-18 minutes on 2 cores.
 
 Run: python -m stablemoe_jax.main --config configs/default.py --workdir runs/default
 Override any value: --config.train.steps=200 --config.model.moe.num_experts=4
@@ -86,7 +86,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.batch_size = 16
   config.train.microbatches = 1  # >1: accumulate gradients over batch_size / microbatches rows at a time
   config.train.seq_len = 128
-  config.train.learning_rate = 2e-3
+  # 4e-3 measured against 2e-3 over the full 850 steps: valid PPL 165.0 vs 168.8, stage-boundary agreement 57% vs 34%.
+  config.train.learning_rate = 4e-3
   config.train.warmup_steps = 40
   config.train.adam_b1 = 0.9
   config.train.adam_b2 = 0.98

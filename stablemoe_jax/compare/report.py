@@ -103,7 +103,7 @@ def _budget_note(config, rows: list[dict]) -> str:
           f"Wall time and tokens/s: training (compilation included), evaluations excluded. Distill agreement: "
           f"validation tokens whose distilled-router expert is the learned one, at the end of stage 1. "
           f"Tokens changing expert: of the recorded validation sample, the share whose expert in the routing used "
-          f"for training last changed after 50% (80%) of the steps (routing fluctuation, the paper's Figure 1).\n")
+          f"for training last changed after 50% (80%) of the steps (routing fluctuation, the paper's Figures 2 and 8).\n")
 
 
 def write_plot(rows: list[dict], path: pathlib.Path) -> None:

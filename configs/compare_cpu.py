@@ -1,4 +1,4 @@
-"""The paper's comparison (Table 3) at CPU scale: 8 methods x 1 seed, 3-9 minutes each on 2 cores (dense fastest).
+"""The paper's comparison (Table 3) at CPU scale: 8 methods, 3-9 minutes each per seed on 2 cores (dense fastest).
 
 Run: python -m stablemoe_jax.compare --config configs/compare_cpu.py --workdir runs/compare
 Subsets and seeds: --config.compare.methods=stablemoe,dense --config.compare.seeds=3
@@ -15,7 +15,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.steps = 200  # 200 x 16 x 128 = 410K tokens (under half a PTB epoch) per method
   config.train.stage1_steps = 70  # routing learned (and distilled, for fixed-routing variants) in the first third
   config.train.warmup_steps = 20
-  config.train.learning_rate = 2e-3  # the README's measured comparison (the CPU default has since moved to 4e-3)
   config.train.eval_every = 50  # points of the convergence plot
   config.train.eval_batches = 0  # the whole validation split at each point (PTB: 18 batches)
   config.train.checkpoint_every = 100

@@ -142,6 +142,8 @@ def _check_routers(config) -> None:
     if name == moe.router or moe.get(name) is None:
       continue
     for key, value in _differences(moe[name], ROUTERS[name].defaults):
+      if key in ROUTERS[name].preset_keys:
+        continue
       raise ConfigError(
           f"model.moe.{name}.{key}={value!r} is a setting of router {name!r}, but model.moe.router={moe.router!r} "
           f"would ignore it; choose that router with --config.model.moe.router={name}, or drop the "

@@ -35,7 +35,7 @@ import numpy as np
 
 from stablemoe_jax.models import distill
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
-from stablemoe_jax.models.routing import AUX_LOSS, METRICS, Routing, stablemoe_balance_loss
+from stablemoe_jax.models.routing import AUX_LOSS, BALANCE_SCOPES, METRICS, Routing, stablemoe_balance_loss
 
 
 # --- policies: affinities -> assignment, gate, losses -------------------------------------------------------------
@@ -47,10 +47,11 @@ class GreedySigmoid:
   and ``losses(scores, assignment) -> {name: scalar}``.
 
   This one is StableMoE stage 1: greedy top-1, gate ``sigmoid(s[t, e_t])``, balance loss weighted by
-  ``balance_alpha``.
+  ``balance_alpha`` over the gates of ``balance_scope`` (see ``routing.stablemoe_balance_loss``).
   """
 
   balance_alpha: float = 0.3
+  balance_scope: str = "assigned"
 
   def assign(self, scores, deterministic, needed=True):
     del deterministic, needed
@@ -60,7 +61,7 @@ class GreedySigmoid:
     return jax.nn.sigmoid(jnp.take_along_axis(scores, expert_index[:, None], axis=-1)[:, 0])
 
   def losses(self, scores, assignment):
-    return {"balance": stablemoe_balance_loss(scores, assignment, self.balance_alpha)}
+    return {"balance": stablemoe_balance_loss(scores, assignment, self.balance_alpha, self.balance_scope)}
 
 
 def switch_balance_loss(probs: jax.Array, assignment: jax.Array) -> jax.Array:
@@ -220,14 +221,15 @@ class LearnedRouter(nn.Module):
 
 def StableMoERouter(num_experts: int, vocab_size: int, distill_dim: int = 50, balance_alpha: float = 0.3,  # noqa: N802
                     distill_weight: float = 1.0, centroid_gain: float = 0.1,
-                    distilled: DistilledRouterSpec | None = None, name: str | None = None) -> LearnedRouter:
+                    distilled: DistilledRouterSpec | None = None, name: str | None = None,
+                    balance_scope: str = "assigned") -> LearnedRouter:
   """StableMoE (Dai et al., 2022, Sections 3.1-3.3) = the greedy-sigmoid router with its balance loss, two-staged.
 
   Stage 1: greedy top-1 on ``s = h E^T``, gate ``sigmoid(s[t, a_t])``, balance + distillation losses.
   Stage 2 and inference: the distilled router's argmax; the gate still uses E.
   """
   distilled = distilled or DistilledRouterSpec(dim=distill_dim, centroid_gain=centroid_gain)
-  return LearnedRouter(num_experts=num_experts, policy=GreedySigmoid(balance_alpha), vocab_size=vocab_size,
+  return LearnedRouter(num_experts=num_experts, policy=GreedySigmoid(balance_alpha, balance_scope), vocab_size=vocab_size,
                        distilled=distilled, distill_weight=distill_weight, centroid_gain=centroid_gain, name=name)
 
 
@@ -299,6 +301,7 @@ def _num_groups(moe_config) -> int:
 
 def _stablemoe(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
   return StableMoERouter(num_experts, vocab_size, balance_alpha=settings.balance_alpha,
+                         balance_scope=settings.get("balance_scope", "assigned"),
                          distill_weight=_distilled_section(moe_config).distill_weight,
                          centroid_gain=settings.centroid_gain,
                          distilled=_distilled_spec(moe_config, settings.centroid_gain), name="router")
@@ -330,7 +333,13 @@ def _hash(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Modu
 
 
 def _check_stablemoe(s, moe_config) -> list[str]:
-  return [f"model.moe.stablemoe.{k}={s[k]} must be >= 0." for k in ("balance_alpha", "centroid_gain") if s[k] < 0]
+  problems = [f"model.moe.stablemoe.{k}={s[k]} must be >= 0." for k in ("balance_alpha", "centroid_gain") if s[k] < 0]
+  scope = s.get("balance_scope", "assigned")
+  if scope not in BALANCE_SCOPES:
+    problems.append(f"model.moe.stablemoe.balance_scope={scope!r} is unknown; choose 'assigned' (the paper's "
+                    f"Eq. 3) or 'all' (every token's gate; keeps the gate alive at small scale, README "
+                    f"'Router health').")
+  return problems
 
 
 def _check_switch(s, moe_config) -> list[str]:
@@ -366,6 +375,9 @@ class RouterEntry:
     uses_distilled_router: whether the shared section ``model.moe.distilled_router`` applies.
     fill_from_data: optional (router params, settings, num_experts, token_counts) -> router params, run once at
       initialisation with the training split's token counts [V].
+    preset_keys: settings a preset may change from ``defaults`` while another router is chosen (they are then
+      unused): the CPU presets turn on small-scale deviations this way, and ``--config.model.moe.router=X``
+      still works on them.
   """
 
   build: Callable[..., nn.Module]
@@ -373,6 +385,7 @@ class RouterEntry:
   check: Callable[[Any, Any], list[str]]
   uses_distilled_router: Callable[[Any], bool] = lambda settings: False
   fill_from_data: Callable[..., dict] | None = None
+  preset_keys: tuple[str, ...] = ()
 
 
 def _fill_hash(router_params, settings, num_experts, token_counts):
@@ -384,8 +397,8 @@ def _fill_hash(router_params, settings, num_experts, token_counts):
 
 ROUTERS: dict[str, RouterEntry] = {
     "stablemoe": RouterEntry(
-        _stablemoe, dict(balance_alpha=0.3, centroid_gain=0.1), _check_stablemoe,
-        uses_distilled_router=lambda s: True),
+        _stablemoe, dict(balance_alpha=0.3, centroid_gain=0.1, balance_scope="assigned"), _check_stablemoe,
+        uses_distilled_router=lambda s: True, preset_keys=("balance_scope",)),
     "switch": RouterEntry(
         _switch, dict(balance_weight=0.01, z_loss_weight=0.0, jitter=0.0, fixed_routing=False), _check_switch,
         uses_distilled_router=lambda s: s.fixed_routing),

@@ -30,27 +30,46 @@ class Routing(struct.PyTreeNode):
   gate: jax.Array
 
 
-def stablemoe_balance_loss(scores: jax.Array, assignment: jax.Array, alpha: float) -> jax.Array:
+# Which tokens' gates StableMoE's balance loss acts on, for expert i (model.moe.stablemoe.balance_scope).
+BALANCE_SCOPES = ("assigned", "all")
+
+
+def stablemoe_balance_loss(scores: jax.Array, assignment: jax.Array, alpha: float,
+                           scope: str = "assigned") -> jax.Array:
   """StableMoE's balance loss, averaged over tokens as in the authors' code.
 
-  ``alpha * sum_i ((|A_i| - T/N) / (T/N)) * sum_{t in A_i} sigmoid(s[t, i])``,
-  divided by T. ``|A_i|`` is a count (no gradient); the sigmoid terms carry
-  gradient to the centroids and to the token representations.
+  ``scope="assigned"`` is the paper's Eq. (3):
+  ``alpha * sum_i c_i * sum_{t in A_i} sigmoid(s[t, i])`` divided by T, with ``c_i = (|A_i| - T/N) / (T/N)``.
+  ``|A_i|`` is a count (no gradient); the sigmoid terms carry gradient to the centroids and to the token
+  representations.
+
+  ``scope="all"`` (a deviation, README "Router health") sums every token's gate of expert i instead:
+  ``alpha * sum_i c_i * sum_t sigmoid(s[t, i])`` divided by T * N (the same scale per token). The
+  coefficients sum to zero (``sum_i c_i = 0``), so lowering every score at once no longer lowers the
+  loss, and an expert that holds no token still gets its scores raised. With ``"assigned"`` the
+  weights ``c_{a_t}`` of the tokens sum to ``N sum_i |A_i|^2 / T - T >= 0``: any imbalance pays for
+  shrinking every gate, and an expert without tokens gets no gradient at all.
 
   Args:
     scores: float32 [T, N] token-to-centroid affinities.
     assignment: int32 [T] greedy expert per token (all tokens, dropped ones too).
     alpha: loss weight (0.3 in the paper).
+    scope: "assigned" (the paper) or "all".
 
   Returns:
     float32 scalar.
   """
+  if scope not in BALANCE_SCOPES:
+    raise ValueError(f"balance scope {scope!r} is unknown; choose one of {BALANCE_SCOPES}.")
   num_tokens, num_experts = scores.shape
   assigned = jax.nn.one_hot(assignment, num_experts, dtype=jnp.float32)  # [T, N]
   counts = jax.lax.stop_gradient(assigned.sum(axis=0))  # [N]
   mean_load = num_tokens / num_experts
+  coefficients = (counts - mean_load) / mean_load  # [N]
+  if scope == "all":
+    return alpha * jnp.sum(coefficients * jax.nn.sigmoid(scores).sum(axis=0)) / (num_tokens * num_experts)
   gate_mass = (jax.nn.sigmoid(scores) * assigned).sum(axis=0)  # [N]
-  return alpha * jnp.sum((counts - mean_load) / mean_load * gate_mass) / num_tokens
+  return alpha * jnp.sum(coefficients * gate_mass) / num_tokens
 
 
 def expert_load(expert_index: jax.Array, num_experts: int) -> jax.Array:

@@ -1,0 +1,75 @@
+"""StableMoE's balance loss over the assigned tokens (the paper) and over all tokens (the CPU presets' deviation).
+
+References are numpy closed forms written out here, not the code under test.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from stablemoe_jax.models.routing import stablemoe_balance_loss
+
+SCORES = np.array([[0.5, -1.0, 0.2], [1.5, 0.3, -0.4], [0.9, 0.1, 0.0], [-0.2, 0.8, 0.4],
+                   [1.1, -0.3, 0.6], [0.7, 0.2, -0.9]], np.float32)  # T = 6 tokens, N = 3 experts
+ASSIGNMENT = np.array([0, 0, 0, 1, 0, 0], np.int32)  # expert 0 holds 5 tokens, expert 1 one, expert 2 none
+
+
+def _sigmoid(x):
+  return 1.0 / (1.0 + np.exp(-x))
+
+
+def _numpy_balance(scores, assignment, alpha, scope):
+  """The loss written token by token: alpha / T * sum_t c_{a_t} sigmoid(s[t, a_t]) for "assigned";
+  alpha / (T N) * sum_t sum_i c_i sigmoid(s[t, i]) for "all"; c_i = (|A_i| - T/N) / (T/N)."""
+  num_tokens, num_experts = scores.shape
+  mean_load = num_tokens / num_experts
+  counts = np.bincount(assignment, minlength=num_experts)
+  c = (counts - mean_load) / mean_load
+  total = 0.0
+  for t in range(num_tokens):
+    if scope == "assigned":
+      total += c[assignment[t]] * _sigmoid(scores[t, assignment[t]])
+    else:
+      total += sum(c[i] * _sigmoid(scores[t, i]) for i in range(num_experts)) / num_experts
+  return alpha * total / num_tokens
+
+
+@pytest.mark.parametrize("scope", ["assigned", "all"])
+def test_balance_loss_equals_the_token_by_token_sum(scope):
+  got = stablemoe_balance_loss(jnp.asarray(SCORES), jnp.asarray(ASSIGNMENT), 0.3, scope)
+  np.testing.assert_allclose(float(got), _numpy_balance(SCORES.astype(np.float64), ASSIGNMENT, 0.3, scope),
+                             rtol=1e-6)
+
+
+def test_only_the_paper_scope_rewards_lowering_every_score_at_once():
+  """d/db L(s + b) at s = 0 is alpha sigmoid'(0) / T * sum_t c_{a_t} = alpha / 4 * (N sum_i |A_i|^2 / T - T) / T
+  for "assigned" (26 / 6 / 4 * 0.3 / 6 here: > 0, so shifting every score down lowers the loss: the
+  collapse), and alpha sigmoid'(0) / (T N) * T * sum_i c_i = 0 for "all"."""
+  zeros = jnp.zeros_like(jnp.asarray(SCORES))
+  shift_grad = {scope: float(jax.grad(lambda b: stablemoe_balance_loss(zeros + b, jnp.asarray(ASSIGNMENT), 0.3,
+                                                                        scope))(0.0))
+                for scope in ("assigned", "all")}
+  counts = np.array([5, 1, 0])
+  expected = 0.3 * 0.25 * (3 * np.sum(counts**2) / 6 - 6) / 6
+  np.testing.assert_allclose(shift_grad["assigned"], expected, rtol=1e-6)
+  assert expected > 0.05
+  assert abs(shift_grad["all"]) < 1e-7
+
+
+def test_an_expert_without_tokens_is_raised_only_by_the_all_scope():
+  """Expert 2 holds no token (c_2 = -1): "assigned" gives its scores no gradient; "all" gives each token
+  d/ds[t, 2] = alpha * c_2 * sigmoid'(s[t, 2]) / (T N) < 0 (gradient descent raises them)."""
+  grads = {scope: np.asarray(jax.grad(lambda s: stablemoe_balance_loss(s, jnp.asarray(ASSIGNMENT), 0.3, scope))(
+      jnp.asarray(SCORES))) for scope in ("assigned", "all")}
+  np.testing.assert_array_equal(grads["assigned"][:, 2], 0.0)
+  s2 = SCORES[:, 2].astype(np.float64)
+  np.testing.assert_allclose(grads["all"][:, 2], 0.3 * -1.0 * _sigmoid(s2) * (1 - _sigmoid(s2)) / 18, rtol=1e-5)
+  # The overloaded expert 0 (c_0 = 1.5) is lowered on every token, the others raised.
+  assert np.all(grads["all"][:, 0] > 0) and np.all(grads["all"][:, 1:] < 0)
+
+
+def test_unknown_scope_is_refused():
+  with pytest.raises(ValueError, match="balance scope 'some'"):
+    stablemoe_balance_loss(jnp.asarray(SCORES), jnp.asarray(ASSIGNMENT), 0.3, "some")

@@ -6,6 +6,7 @@ from stablemoe_jax.models.dispatch import DEFAULT_BLOCK_SIZE, DISPATCHER_NAMES, 
 from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import (ATTENTION_IMPLEMENTATIONS, PLACEMENTS, REMAT_POLICIES,
                                                attention_implementation)
+from stablemoe_jax.tasks import TASK_NAMES
 
 DTYPES = ("float32", "bfloat16", "float16")
 DENSE_MATCHES = ("none", "deeper", "wider")
@@ -29,6 +30,8 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
       against ``model.vocab_size``.
   """
   model, moe, train = config.model, config.model.moe, config.train
+  task = config.get("task", "lm")
+  _require(task in TASK_NAMES, f"task={task!r} is unknown; choose one of {TASK_NAMES}.")
   _require(train.steps > 0, f"train.steps={train.steps} must be positive.")
   _require(
       0 <= train.stage1_steps <= train.steps,

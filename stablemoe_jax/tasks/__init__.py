@@ -20,5 +20,5 @@ def make_task(config):
     return LanguageModelTask()
   if name == "translation":
     from stablemoe_jax.tasks.translation import TranslationTask
-    return TranslationTask()
+    return TranslationTask(config)
   raise ValueError(f"config.task={name!r} is unknown; choose one of {TASK_NAMES}.")

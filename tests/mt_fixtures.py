@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import pathlib
 
+import pytest
 from conftest import SHARED_DATA
 
 from configs import mt_cpu
@@ -15,6 +16,8 @@ BIBLE_BOOKS = ("Gen", "Exod", "Ruth", "Jonah")  # Ruth and Jonah are held out in
 def write_small_corpora(root: pathlib.Path) -> pathlib.Path:
   """Copies the first lines of every Multi30k file and the Bible's verses of BIBLE_BOOKS into ``root``."""
   source = SHARED_DATA
+  if not (source / "multi30k" / "train.de").is_file():
+    pytest.fail(f"Multi30k not found under {source}; set STABLEMOE_DATA_DIR to the shared data folder.")
   (root / "multi30k").mkdir(parents=True)
   for path in sorted((source / "multi30k").iterdir()):
     lines = MULTI30K_LINES.get(path.name.split(".")[0], 64)

@@ -48,6 +48,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.seq_len = 64
   config.eval.max_sentences = 0  # > 0: only each evaluation set's first N sentences (quick checks)
 
+  # Decoding (BLEU at the end of training, --mode=eval, --mode=translate).
+  config.decode = ml_collections.ConfigDict()
+  config.decode.beam_size = 5  # 1: greedy search
+  config.decode.length_penalty = 1.0  # a finished hypothesis scores logprob_sum / length**a (fairseq's lenpen)
+  config.decode.max_len = 0  # generated tokens (eos included); 0: model.max_len
+  config.decode.batch_size = 64  # sentences decoded together
+
   # The routing records and report read the language model's token stream; translation has none yet.
   config.analysis.record_every = 0
   config.analysis.report_at_end = False

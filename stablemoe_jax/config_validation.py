@@ -131,6 +131,13 @@ def _check_translation(config) -> None:
            f"train.label_smoothing={train.get('label_smoothing')} must lie in [0, 1).")
   _require(config.eval.get("max_sentences", 0) >= 0,
            f"eval.max_sentences={config.eval.get('max_sentences')} must be >= 0 (0: every sentence).")
+  decode = config.get("decode")
+  if decode is not None:
+    _require(decode.beam_size >= 1, f"decode.beam_size={decode.beam_size} must be >= 1 (1: greedy search).")
+    _require(0 <= decode.max_len <= config.model.max_len,
+             f"decode.max_len={decode.max_len} must lie in [0, model.max_len={config.model.max_len}] (0: model.max_len).")
+    _require(decode.batch_size > 0, f"decode.batch_size={decode.batch_size} must be positive.")
+    _require(decode.length_penalty >= 0, f"decode.length_penalty={decode.length_penalty} must be >= 0.")
   _require(train.get("schedule", "linear") in SCHEDULES,
            f"train.schedule={train.get('schedule')!r} is unknown; choose one of {SCHEDULES}.")
   _require(config.analysis.record_every == 0 and not config.analysis.report_at_end,

@@ -166,6 +166,12 @@ class TranslationData:
 
   tokenizer: JointSentencePiece
   sets: dict[str, dict[str, EncodedSet]]
+  directory: pathlib.Path  # the prepared data: tokenizer, arrays, and the evaluation sets' raw text
+
+  def raw_text(self, pair: str, name: str) -> tuple[list[str], list[str]]:
+    """The untokenised (source lines, reference lines) of an evaluation set, as the corpus files have them."""
+    read = lambda side: (self.directory / f"{pair}.{name}.{side}.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    return read("src"), read("ref")
 
   @property
   def vocab_size(self) -> int:
@@ -246,7 +252,7 @@ def load_translation_data(data_config: Any, prepared_dir: pathlib.Path) -> Trans
     tokenizer = JointSentencePiece.load(directory / "tokenizer", settings)
     sets = {pair: {name: _load_set(directory, pair, name) for name in names}
             for pair, names in manifest["sets"].items()}
-    return TranslationData(tokenizer, sets)
+    return TranslationData(tokenizer, sets, directory)
   data_dir = _data_dir(data_config)
   if data_dir is None:
     raise DataNotFoundError(f"no data directory: set --config.data.data_dir or ${ENV_VAR} to the folder holding "
@@ -262,11 +268,16 @@ def load_translation_data(data_config: Any, prepared_dir: pathlib.Path) -> Trans
   for named in sets.values():
     for s in named.values():
       _save_set(directory, s)
+  for pair, named in raw.items():
+    for name, ps in named.items():
+      if name != "train":
+        for side, lines in (("src", ps.sources), ("ref", ps.targets)):
+          (directory / f"{pair}.{name}.{side}.txt").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
   manifest = {"settings": settings, "tokenizer_md5": tokenizer.fingerprint(),
               "sets": {pair: list(named) for pair, named in sets.items()},
               "sizes": {pair: {name: len(s) for name, s in named.items()} for pair, named in sets.items()}}
   (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")  # last: its presence means complete
-  return TranslationData(tokenizer, sets)
+  return TranslationData(tokenizer, sets, directory)
 
 
 def _training_lines(raw: dict[str, dict[str, parallel.ParallelSet]]) -> Iterator[str]:

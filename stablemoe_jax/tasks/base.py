@@ -54,5 +54,6 @@ class Task(Protocol):
   def eval_description(self, config) -> dict:
     """How evaluation scores a split (``summary.json["eval"]``)."""
 
-  def final_report(self, experiment, params) -> dict:
-    """Entries the task adds to ``summary.json`` after training (the language model: none)."""
+  def final_report(self, experiment, params, split: str = "test") -> dict:
+    """Entries the task adds to ``summary.json`` after training and to ``--mode=eval``'s result on ``split``
+    (the language model: none; translation: BLEU)."""

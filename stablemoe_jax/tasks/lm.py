@@ -55,5 +55,5 @@ class LanguageModelTask:
     return {"mode": "sliding" if sliding else "blocks", "seq_len": cfg.seq_len,
             "stride": stride if sliding else cfg.seq_len}
 
-  def final_report(self, experiment, params) -> dict:
+  def final_report(self, experiment, params, split: str = "test") -> dict:
     return {}

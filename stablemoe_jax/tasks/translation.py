@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablemoe_jax.data import translation as data_lib
+from stablemoe_jax.decoding.bleu_report import bleu_report
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
 from stablemoe_jax.train.losses import label_smoothed_nll, token_nll
 
@@ -64,11 +65,12 @@ class TranslationTask:
     return {"mode": "teacher_forced_sentences", "seq_len": config.eval.seq_len,
             "max_sentences": config.eval.get("max_sentences", 0)}
 
-  def final_report(self, experiment, params) -> dict:
-    """The pairs' mixing weights and the over-length counts (BLEU is not reported yet)."""
+  def final_report(self, experiment, params, split: str = "test") -> dict:
+    """BLEU on ``split``'s sets (``decoding/bleu_report.py``), the pairs' mixing weights, the over-length counts."""
     cfg = experiment.config
     report = data_lib.write_length_report(experiment.data, experiment.workdir / "data", cfg.train.seq_len,
                                           cfg.eval.seq_len)
     weights = data_lib.MixedPairIterator(experiment.data.split_sets("train"), cfg.train.batch_size,
                                          cfg.train.seq_len, cfg.seed, cfg.data.sampling_temperature).weights
-    return {"pair_weights": weights, "over_length": report}
+    return {"bleu": bleu_report(cfg, experiment.data, params, split), "pair_weights": weights,
+            "over_length": report}

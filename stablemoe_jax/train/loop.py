@@ -271,7 +271,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathli
   exp = Experiment(config, workdir)
   try:
     step, state = exp.restore_for_evaluation(step)
-    result = {"step": step, "split": split, **exp.evaluate(state.params, split)}
+    result = {"step": step, "split": split, **exp.evaluate(state.params, split),
+              **exp.task.final_report(exp, state.params, split)}
   finally:
     exp.checkpointer.close()
   return result

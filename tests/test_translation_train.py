@@ -6,6 +6,7 @@ import json
 import pytest
 from mt_fixtures import make_tiny_mt_config, write_small_corpora
 
+from stablemoe_jax.decoding import command as translate_command
 from stablemoe_jax.train import loop
 
 
@@ -29,3 +30,11 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
   assert stopped == {"stopped_at_step": 25}  # killed after step 25: resumes from the checkpoint of step 20
   resumed = loop.train_and_evaluate(config, tmp_path / "resumed")
   assert resumed["valid"] == whole["valid"] and resumed["test"] == whole["test"]
+  assert resumed["bleu"] == whole["bleu"] and set(whole["bleu"]["per_pair"]) == set(whole["pair_weights"])
+
+  source = tmp_path / "in.de"
+  source.write_text("Ein Mann fährt Fahrrad.\n\nZwei Hunde spielen im Schnee.\n", encoding="utf-8")
+  result = translate_command.translate_file(config, tmp_path / "whole", None, "fr", str(source),
+                                            str(tmp_path / "out.en"))
+  lines = (tmp_path / "out.en").read_text(encoding="utf-8").split("\n")
+  assert result["sentences"] == 3 and len(lines) == 4 and lines[1] == "" and lines[3] == ""

@@ -64,10 +64,9 @@ def test_beam_search_finds_the_brute_force_best_hypothesis():
   config = tiny_model_config(vocab_size=vocab_size).model
   model = TransformerSeq2Seq(config)
   source = jnp.array([[4, 5, 6, 3], [6, 6, 3, 0]], jnp.int32)
-  for seed in (0,):
-    params = _peaked_params(model, seed)
-    tokens, scores = make_translate_fn(config, 16, max_len, length_penalty)(params, source)
-    for row in range(source.shape[0]):
-      best, best_score = _brute_force_best(model, params, source[row], vocab_size, max_len, length_penalty)
-      np.testing.assert_array_equal(np.asarray(tokens[row, :len(best)]), best)
-      np.testing.assert_allclose(float(scores[row]), best_score, rtol=1e-5)
+  params = _peaked_params(model, seed=0)
+  tokens, scores = make_translate_fn(config, 16, max_len, length_penalty)(params, source)  # 16 >= 13: exhaustive
+  for row in range(source.shape[0]):
+    best, best_score = _brute_force_best(model, params, source[row], vocab_size, max_len, length_penalty)
+    np.testing.assert_array_equal(np.asarray(tokens[row, :len(best)]), best)
+    np.testing.assert_allclose(float(scores[row]), best_score, rtol=1e-5)

@@ -135,7 +135,8 @@ def _check_translation(config) -> None:
   if decode is not None:
     _require(decode.beam_size >= 1, f"decode.beam_size={decode.beam_size} must be >= 1 (1: greedy search).")
     _require(0 <= decode.max_len <= config.model.max_len,
-             f"decode.max_len={decode.max_len} must lie in [0, model.max_len={config.model.max_len}] (0: model.max_len).")
+             f"decode.max_len={decode.max_len} must lie in [0, model.max_len={config.model.max_len}] "
+             f"(0: model.max_len).")
     _require(decode.batch_size > 0, f"decode.batch_size={decode.batch_size} must be positive.")
     _require(decode.length_penalty >= 0, f"decode.length_penalty={decode.length_penalty} must be >= 0.")
   _require(train.get("schedule", "linear") in SCHEDULES,

@@ -12,8 +12,8 @@ from stablemoe_jax.models.moe import SHUFFLE_RNG
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.tasks.lm import LanguageModelTask
-from stablemoe_jax.train.optimizer import learning_rate_schedule
 from stablemoe_jax.train.losses import token_nll  # noqa: F401  (re-exported: tests and scripts import it here)
+from stablemoe_jax.train.optimizer import learning_rate_schedule
 from stablemoe_jax.train.state import TrainState, in_stage1
 
 Batch = dict[str, jax.Array]

@@ -4,11 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stablemoe_jax.data.joint_tokenizer import JointSentencePiece
+from stablemoe_jax.data.joint_tokenizer import BOS_ID, EOS_ID, JointSentencePiece
 from stablemoe_jax.data.locate import DataError
 from stablemoe_jax.decoding import bleu
 from stablemoe_jax.decoding.command import read_lines
 from stablemoe_jax.decoding.translate_lines import translate_lines
+from stablemoe_jax.models.seq2seq import PAD_ID
 
 REFERENCES = ["A man in an orange hat starring at something.", "Two dogs are playing in the snow together.",
               "A group of people standing in front of an igloo.", "A little girl climbing into a wooden playhouse."]
@@ -26,6 +27,11 @@ def test_bleu_of_the_references_is_100_and_of_empty_output_0():
 def tokenizer():
   lines = [f"{r} {i}" for i in range(30) for r in REFERENCES]
   return JointSentencePiece.train(lines, vocab_size=60, languages=["de"])
+
+
+def test_decoding_drops_special_ids_and_tags(tokenizer):
+  ids = tokenizer.encode("Two dogs are playing.")
+  assert tokenizer.decode([tokenizer.tag_id("de"), BOS_ID, *ids, EOS_ID, PAD_ID]) == "Two dogs are playing."
 
 
 def _echo(params, batch):

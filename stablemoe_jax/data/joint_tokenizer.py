@@ -23,9 +23,16 @@ MODEL_FILE = "spm.model"
 META_FILE = "tokenizer.json"
 
 
+MAX_TAGS = 64  # language tags a model may have
+
+
 def language_tag(language: str) -> str:
   """The source-language tag piece: "de" -> "__de__"."""
   return f"__{language}__"
+
+
+def _is_tag(piece: str) -> bool:
+  return len(piece) > 4 and piece.startswith("__") and piece.endswith("__")
 
 
 class JointSentencePiece:
@@ -40,6 +47,9 @@ class JointSentencePiece:
     if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
       raise ValueError(f"a joint sentencepiece model needs pad/unk/bos/eos ids {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}, "
                        f"got {ids}")
+    # User-defined pieces follow the four special ids; the tags are the ones shaped __xx__.
+    self._tag_ids = frozenset(i for i in range(EOS_ID + 1, min(self.vocab_size, EOS_ID + 1 + MAX_TAGS))
+                              if _is_tag(self._sp.id_to_piece(i)))
 
   @classmethod
   def train(cls, lines: Iterable[str], vocab_size: int, languages: Sequence[str]) -> JointSentencePiece:
@@ -70,8 +80,8 @@ class JointSentencePiece:
     return self._sp.encode(line.strip())
 
   def decode(self, ids: Iterable[int]) -> str:
-    """Detokenised text of ``ids`` (pad/bos/eos/tags are dropped)."""
-    return self._sp.decode([int(i) for i in ids if int(i) > EOS_ID and not self._sp.is_control(int(i))])
+    """Detokenised text of ``ids`` (pad, bos, eos and language tags are dropped)."""
+    return self._sp.decode([int(i) for i in ids if int(i) > EOS_ID and int(i) not in self._tag_ids])
 
   def id_to_token(self, i: int) -> str:
     return self._sp.id_to_piece(int(i))

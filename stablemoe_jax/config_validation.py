@@ -6,9 +6,11 @@ from stablemoe_jax.models.dispatch import DEFAULT_BLOCK_SIZE, DISPATCHER_NAMES, 
 from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import (ATTENTION_IMPLEMENTATIONS, PLACEMENTS, REMAT_POLICIES,
                                                attention_implementation)
+from stablemoe_jax.tasks import TASK_NAMES
 
 DTYPES = ("float32", "bfloat16", "float16")
 DENSE_MATCHES = ("none", "deeper", "wider")
+SCHEDULES = ("linear", "inverse_sqrt")
 
 
 class ConfigError(ValueError):
@@ -29,6 +31,8 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
       against ``model.vocab_size``.
   """
   model, moe, train = config.model, config.model.moe, config.train
+  task = config.get("task", "lm")
+  _require(task in TASK_NAMES, f"task={task!r} is unknown; choose one of {TASK_NAMES}.")
   _require(train.steps > 0, f"train.steps={train.steps} must be positive.")
   _require(
       0 <= train.stage1_steps <= train.steps,
@@ -114,6 +118,36 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
            f"set --config.mesh.expert=1 (every device then takes a share of the batch).")
   _require(model.get("dense_match", "none") in DENSE_MATCHES,
            f"model.dense_match={model.get('dense_match')!r} is unknown; choose one of {DENSE_MATCHES}.")
+  if task == "translation":
+    _check_translation(config)
+
+
+def _check_translation(config) -> None:
+  """What translation needs beyond the shared checks (tasks/translation.py)."""
+  train, moe = config.train, config.model.moe
+  _require(config.data.get("sampling_temperature", 1.0) > 0,
+           f"data.sampling_temperature={config.data.get('sampling_temperature')} must be > 0 (1: proportional).")
+  _require(0.0 <= train.get("label_smoothing", 0.0) < 1.0,
+           f"train.label_smoothing={train.get('label_smoothing')} must lie in [0, 1).")
+  _require(config.eval.get("max_sentences", 0) >= 0,
+           f"eval.max_sentences={config.eval.get('max_sentences')} must be >= 0 (0: every sentence).")
+  decode = config.get("decode")
+  if decode is not None:
+    _require(decode.beam_size >= 1, f"decode.beam_size={decode.beam_size} must be >= 1 (1: greedy search).")
+    _require(0 <= decode.max_len <= config.model.max_len,
+             f"decode.max_len={decode.max_len} must lie in [0, model.max_len={config.model.max_len}] "
+             f"(0: model.max_len).")
+    _require(decode.batch_size > 0, f"decode.batch_size={decode.batch_size} must be positive.")
+    _require(decode.length_penalty >= 0, f"decode.length_penalty={decode.length_penalty} must be >= 0.")
+  _require(train.get("schedule", "linear") in SCHEDULES,
+           f"train.schedule={train.get('schedule')!r} is unknown; choose one of {SCHEDULES}.")
+  _require(config.analysis.record_every == 0 and not config.analysis.report_at_end,
+           "routing records and the routing report are built for the language model only; set "
+           "--config.analysis.record_every=0 --config.analysis.report_at_end=False for translation.")
+  # A decode step sees one position; only a router of the token id alone routes it as the whole sequence did.
+  _require(moe.get("distilled_router") is None or moe.distilled_router.kind == "embedding",
+           f"model.moe.distilled_router.kind={moe.distilled_router.kind!r}: translation decodes one position at "
+           f"a time, so its distilled router must be 'embedding' (the token id alone).")
 
 
 def check_backend(config, backend: str) -> None:

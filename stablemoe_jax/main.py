@@ -6,6 +6,7 @@ Any config value can be overridden on the command line, ml_collections style:
 from __future__ import annotations
 
 import json
+import sys
 
 import jax
 from absl import app, flags
@@ -15,17 +16,24 @@ from ml_collections import config_flags
 from stablemoe_jax import cli
 from stablemoe_jax import plan as plan_lib
 from stablemoe_jax.analysis import command as analysis_command
+from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.decoding import command as translate_command
+from stablemoe_jax.tasks import task_name
 from stablemoe_jax.train import loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, tokenizer and data.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "analyze", "plan"],
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "analyze", "plan", "translate"],
                           "train (resumes if possible), eval a checkpoint, analyze its routing (DIR/analysis), "
-                          "or plan the memory of the config on --plan_devices accelerators.")
+                          "plan the memory of the config on --plan_devices accelerators, or translate --input "
+                          "(translation configs).")
 _PLAN_DEVICES = flags.DEFINE_integer("plan_devices", None, "--mode=plan: the number of accelerators to plan for.")
 _PLAN_MEMORY = flags.DEFINE_float("plan_memory_gib", 80.0, "--mode=plan: memory of one accelerator, GiB.")
 _STEP = flags.DEFINE_integer("step", None, "--mode=eval: checkpoint step to restore (default: latest).")
 _SPLIT = flags.DEFINE_enum("split", "valid", ["valid", "test"], "--mode=eval: split to evaluate.")
+_SRC_LANG = flags.DEFINE_string("src_lang", None, "--mode=translate: the input's language (e.g. de).")
+_INPUT = flags.DEFINE_string("input", "-", "--mode=translate: one sentence a line (-: stdin).")
+_OUTPUT = flags.DEFINE_string("output", "-", "--mode=translate: one translation a line (-: stdout).")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Multi-process run: call jax.distributed.initialize (it detects SLURM and "
     "Open MPI by itself; elsewhere give the three flags below). See launch/.")
@@ -58,8 +66,12 @@ def main(argv: list[str]) -> None:
                                initialization_timeout=_INIT_TIMEOUT.value,
                                heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
                                shutdown_timeout_seconds=_SHUTDOWN_TIMEOUT.value)
+  log = sys.stderr if _MODE.value == "translate" else sys.stdout  # translate's stdout is the translations
   if jax.process_index() == 0:
-    print(f"{jax.process_count()} process(es), devices: {jax.devices()}", flush=True)
+    print(f"{jax.process_count()} process(es), devices: {jax.devices()}", file=log, flush=True)
+  if _MODE.value in ("plan", "analyze") and task_name(_CONFIG.value) != "lm":
+    raise ConfigError(f"--mode={_MODE.value} supports the language model only so far (task='lm'); this config has "
+                      f"task={task_name(_CONFIG.value)!r}.")
   if _MODE.value == "plan":
     plan_lib.check_plan_flags(_PLAN_DEVICES.value, _PLAN_MEMORY.value)
     result = plan_lib.plan(_CONFIG.value, _PLAN_DEVICES.value, _PLAN_MEMORY.value)
@@ -68,10 +80,15 @@ def main(argv: list[str]) -> None:
     result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   elif _MODE.value == "analyze":
     result = analysis_command.analyze_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value, _SPLIT.value)
+  elif _MODE.value == "translate":
+    if not _SRC_LANG.value:
+      raise app.UsageError("--mode=translate needs --src_lang (e.g. --src_lang=de).")
+    result = translate_command.translate_file(_CONFIG.value, _WORKDIR.value, _STEP.value, _SRC_LANG.value,
+                                              _INPUT.value, _OUTPUT.value)
   else:
     result = loop.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value, _SPLIT.value)
   if jax.process_index() == 0:
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2), file=log)
 
 
 def run() -> None:

@@ -38,6 +38,7 @@ def _comparable(config: dict, for_training: bool) -> dict:
   model = {k: v for k, v in config["model"].items() if k not in _IMPLEMENTATION_MODEL_KEYS}
   model["moe"] = {k: v for k, v in model.get("moe", {}).items() if k not in _LAYOUT_MOE_KEYS}
   sections = {"model": model, "data": {k: v for k, v in config["data"].items() if k != "data_dir"}}
+  sections["task"] = config.get("task", "lm")  # configs written before the key existed are language models
   if for_training:
     sections["seed"] = config["seed"]
     sections["train"] = {k: v for k, v in config["train"].items() if k not in _RESUMABLE_TRAIN_KEYS}

@@ -12,12 +12,10 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from stablemoe_jax import data as data_lib
+from stablemoe_jax import tasks as tasks_lib
 from stablemoe_jax.analysis.recorder import RoutingRecorder
 from stablemoe_jax.config_validation import check_backend, validate_config
-from stablemoe_jax.data.token_counts import split_token_counts
 from stablemoe_jax.models import routers
-from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.train import checkpoint as ckpt_lib
@@ -32,9 +30,10 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class Experiment:
-  """Everything a run builds from its config: data, model, optimizer, steps, checkpointer.
+  """Everything a run builds from its config: task, data, model, optimizer, steps, checkpointer.
 
-  Building it validates the config and prepares the data, but compiles nothing.
+  Building it validates the config and prepares the data, but compiles nothing. What differs between
+  tasks (data, model, loss, evaluation) comes from ``self.task`` (``config.task``, ``tasks/base.py``).
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path):
@@ -44,36 +43,41 @@ class Experiment:
     self.workdir.mkdir(parents=True, exist_ok=True)
     mesh_lib.check_layout(config, jax.device_count())
     self.mesh = mesh_lib.make_mesh(config.mesh)
+    self.task = tasks_lib.make_task(config)
     if jax.process_index() == 0:  # prepares tokenizer and records once; the others then read them
-      self.data = data_lib.load_lm_data(config.data, self.workdir / "data")
+      self.data = self.task.load_data(config.data, self.workdir / "data")
     mesh_lib.barrier("data prepared")
     if jax.process_index() != 0:
-      self.data = data_lib.load_lm_data(config.data, self.workdir / "data")
+      self.data = self.task.load_data(config.data, self.workdir / "data")
     validate_config(config, data_vocab_size=self.data.vocab_size)
     self.config = config = ml_collections.ConfigDict(config.to_dict())
     if not config.model.vocab_size:
       config.model.vocab_size = self.data.vocab_size
     if jax.process_index() == 0:
       (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-    self.model = TransformerLM(config.model)
+    self.model = self.task.build_model(config.model)
+    self.sample_inputs = self.task.sample_inputs(config)
     self.tx = make_optimizer(config.train)
     self.checkpointer = ckpt_lib.Checkpointer(
         self.workdir / "checkpoints", config, keep=config.train.keep_checkpoints
     )
-    self.state_shardings = train_state_shardings(self.model, self.tx, config.train.seq_len, self.mesh)
+    self.state_shardings = train_state_shardings(self.model, self.tx, config.train.seq_len, self.mesh,
+                                                 self.sample_inputs)
     batch_sharding = sharding_lib.batch_sharding(self.mesh)
     self.eval_step = mesh_lib.under_mesh(self.mesh, jax.jit(
-        make_eval_step(self.model), in_shardings=(self.state_shardings.params, batch_sharding),
+        make_eval_step(self.model, self.task), in_shardings=(self.state_shardings.params, batch_sharding),
         out_shardings=sharding_lib.replicated(self.mesh)))
 
-    self.routing_agreement_step = mesh_lib.under_mesh(self.mesh, jax.jit(make_routing_agreement_step(self.model)))
+    self.routing_agreement_step = mesh_lib.under_mesh(
+        self.mesh, jax.jit(make_routing_agreement_step(self.model, self.task)))
 
   def init_state(self) -> TrainState:
     """A fresh state laid out over the mesh (expert parameters split over ``expert``, the rest replicated).
 
     Routers built from the training data (the balanced hash table) get their tables here.
     """
-    state = create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len, self.mesh)
+    state = create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len, self.mesh,
+                               self.sample_inputs)
     params = routers.fill_tables_from_data(state.params, self.config.model, self.train_token_counts)
     if params is not state.params:
       state = state.replace(params=jax.device_put(params, self.state_shardings.params))
@@ -82,18 +86,16 @@ class Experiment:
   def train_token_counts(self) -> np.ndarray:
     """Token-id counts of the training split, int64 [model.vocab_size] (computed once)."""
     if not hasattr(self, "_train_token_counts"):
-      self._train_token_counts = split_token_counts(self.data, self.config.model.vocab_size)
+      self._train_token_counts = self.task.train_token_counts(self.data, self.config.model.vocab_size)
     return self._train_token_counts
 
   def jit_train_step(self):
     return mesh_lib.under_mesh(self.mesh, jit_train_step(self.model, self.tx, self.config, self.mesh,
-                                                         self.state_shardings))
+                                                         self.state_shardings, self.task))
 
   def train_batches(self):
     """This process's share of every train batch, as a resumable grain iterator."""
-    train = self.config.train
-    return self.data.train_iterator(train.batch_size, train.seq_len, self.config.seed,
-                                    shard_index=jax.process_index(), shard_count=jax.process_count())
+    return self.task.train_iterator(self.data, self.config, jax.process_index(), jax.process_count())
 
   def abstract_state(self) -> TrainState:
     """Shapes, dtypes and this mesh's shardings of the train state (for restoring into this layout)."""
@@ -115,7 +117,7 @@ class Experiment:
     """Perplexity on ``split`` with the inference routing; ``max_batches > 0`` evaluates a prefix."""
     cfg = self.config.eval
     batches: Iterable = mesh_lib.global_batches(
-        self.data.eval_batches(split, cfg.batch_size, cfg.seq_len, stride=cfg.get("stride", 0)), self.mesh)
+        self.task.eval_batches(self.data, self.config, split, stride=cfg.get("stride", 0)), self.mesh)
     nll, tokens = 0.0, 0.0
     for i, batch in enumerate(batches):
       if max_batches > 0 and i >= max_batches:
@@ -126,12 +128,8 @@ class Experiment:
     return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "tokens": int(tokens)}
 
   def eval_mode(self) -> dict:
-    """How ``evaluate`` scores a split: non-overlapping blocks or sliding windows."""
-    cfg = self.config.eval
-    stride = cfg.get("stride", 0)
-    sliding = 0 < stride < cfg.seq_len
-    return {"mode": "sliding" if sliding else "blocks", "seq_len": cfg.seq_len,
-            "stride": stride if sliding else cfg.seq_len}
+    """How ``evaluate`` scores a split (the language model: non-overlapping blocks or sliding windows)."""
+    return self.task.eval_description(self.config)
 
   def routing_agreement(self, params, split: str = "valid", max_batches: int = 0) -> float | None:
     """Share of ``split``'s tokens whose distilled-router expert equals the learned (stage-1) expert.
@@ -139,10 +137,9 @@ class Experiment:
     None when the model has no distilled router. Counts every position of the batches evaluated
     (the last batch's padding too); ``max_batches > 0`` uses a prefix.
     """
-    cfg = self.config.eval
     agree, count = 0.0, 0
-    for i, batch in enumerate(mesh_lib.global_batches(self.data.eval_batches(split, cfg.batch_size, cfg.seq_len),
-                                                self.mesh)):
+    for i, batch in enumerate(mesh_lib.global_batches(self.task.eval_batches(self.data, self.config, split),
+                                                      self.mesh)):
       if max_batches > 0 and i >= max_batches:
         break
       value = self.routing_agreement_step(params, batch)
@@ -253,6 +250,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         "valid": exp.evaluate(state.params, "valid"),
         "test": exp.evaluate(state.params, "test"),
     }
+    summary.update(exp.task.final_report(exp, state.params))
     analysis = recorder.finish(state, train_cfg.steps)
     if analysis:
       summary["analysis"] = analysis
@@ -273,7 +271,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathli
   exp = Experiment(config, workdir)
   try:
     step, state = exp.restore_for_evaluation(step)
-    result = {"step": step, "split": split, **exp.evaluate(state.params, split)}
+    result = {"step": step, "split": split, **exp.evaluate(state.params, split),
+              **exp.task.final_report(exp, state.params, split)}
   finally:
     exp.checkpointer.close()
   return result

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from stablemoe_jax.models.distill import DISTILLED_ROUTER_NAME
+from stablemoe_jax.train.schedules import inverse_sqrt_schedule
 
 TRAINED = "trained"
 FROZEN_AFTER_STAGE1 = "frozen_after_stage1"
@@ -25,8 +26,13 @@ def param_labels(params) -> dict:
 
 
 def learning_rate_schedule(train_config) -> optax.Schedule:
-  """Linear warmup from 0 to ``learning_rate`` over ``warmup_steps``, then linear decay to 0 at ``steps``."""
+  """Linear warmup from 0 to ``learning_rate`` over ``warmup_steps``, then linear decay to 0 at ``steps``.
+
+  ``train.schedule = "inverse_sqrt"`` (translation): the same warmup, then ``learning_rate * sqrt(warmup / step)``.
+  """
   peak, warmup, total = train_config.learning_rate, train_config.warmup_steps, train_config.steps
+  if train_config.get("schedule", "linear") == "inverse_sqrt":
+    return inverse_sqrt_schedule(peak, warmup)
   return optax.join_schedules(
       [optax.linear_schedule(0.0, peak, warmup), optax.linear_schedule(peak, 0.0, total - warmup)],
       [warmup],

@@ -31,25 +31,33 @@ def in_stage1(step: jax.Array, stage1_steps: int) -> jax.Array:
   return step < stage1_steps
 
 
-def _boxed_init(model, tx: optax.GradientTransformation, seed: int, seq_len: int):
-  """A function returning a fresh state whose leaves still carry their logical axis names."""
+def _boxed_init(model, tx: optax.GradientTransformation, seed: int, seq_len: int, sample_inputs=None):
+  """A function returning a fresh state whose leaves still carry their logical axis names.
+
+  ``sample_inputs``: the model's arguments before ``in_stage1`` for ``init`` (a task's ``sample_inputs``);
+  None: the language model's token ids [1, seq_len].
+  """
   def init():
-    tokens = jnp.zeros((1, seq_len), jnp.int32)
-    params = model.init(jax.random.key(seed), tokens, jnp.array(True))["params"]
+    inputs = sample_inputs if sample_inputs is not None else (jnp.zeros((1, seq_len), jnp.int32),)
+    params = model.init(jax.random.key(seed), *inputs, jnp.array(True))["params"]
     return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
   return init
 
 
-def train_state_shardings(model, tx: optax.GradientTransformation, seq_len: int, mesh: jax.sharding.Mesh):
+def train_state_shardings(model, tx: optax.GradientTransformation, seq_len: int, mesh: jax.sharding.Mesh,
+                          sample_inputs=None):
   """NamedShardings of every leaf of the train state (optimizer state included), from the logical axes."""
-  return sharding_lib.state_shardings(jax.eval_shape(_boxed_init(model, tx, 0, seq_len)), mesh)
+  return sharding_lib.state_shardings(jax.eval_shape(_boxed_init(model, tx, 0, seq_len, sample_inputs)), mesh)
 
 
 def create_train_state(model, tx: optax.GradientTransformation, seed: int, seq_len: int,
-                       mesh: jax.sharding.Mesh | None = None) -> TrainState:
-  """Initialises parameters and optimizer state under jit, laid out over ``mesh`` (None: default device)."""
-  init = _boxed_init(model, tx, seed, seq_len)
+                       mesh: jax.sharding.Mesh | None = None, sample_inputs=None) -> TrainState:
+  """Initialises parameters and optimizer state under jit, laid out over ``mesh`` (None: default device).
+
+  ``sample_inputs``: see ``_boxed_init`` (None: the language model's).
+  """
+  init = _boxed_init(model, tx, seed, seq_len, sample_inputs)
   if mesh is None:
     return jax.jit(lambda: nn.unbox(init()))()
-  shardings = train_state_shardings(model, tx, seq_len, mesh)
+  shardings = train_state_shardings(model, tx, seq_len, mesh, sample_inputs)
   return jax.jit(lambda: nn.unbox(init()), out_shardings=shardings)()

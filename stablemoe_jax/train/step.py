@@ -11,15 +11,12 @@ from flax import traverse_util
 from stablemoe_jax.models.moe import SHUFFLE_RNG
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.parallel import sharding as sharding_lib
+from stablemoe_jax.tasks.lm import LanguageModelTask
+from stablemoe_jax.train.losses import token_nll  # noqa: F401  (re-exported: tests and scripts import it here)
 from stablemoe_jax.train.optimizer import learning_rate_schedule
 from stablemoe_jax.train.state import TrainState, in_stage1
 
 Batch = dict[str, jax.Array]
-
-
-def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Per-token negative log-likelihood: logits [B, S, V], targets int32 [B, S] -> [B, S]."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 
 def _flatten(collection) -> dict[str, jax.Array]:
@@ -42,8 +39,10 @@ def step_rngs(step_key: jax.Array) -> dict[str, jax.Array]:
   return {"dropout": step_key, SHUFFLE_RNG: jax.random.fold_in(step_key, 1)}
 
 
-def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable[[TrainState, Batch], tuple]:
+def make_train_step(model, tx: optax.GradientTransformation, config, task=None) -> Callable[[TrainState, Batch], tuple]:
   """Builds the train step for ``model`` and ``tx``; jit it with ``donate_argnums=0``.
+
+  ``task`` (default: the language model's) says which batch entries feed the model and scores its logits.
 
   With ``train.microbatches = M > 1`` the batch [B, S] is split into M
   microbatches of [B / M, S] whose gradients are averaged before one update
@@ -53,15 +52,15 @@ def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable
   microbatches = config.train.microbatches
   schedule = learning_rate_schedule(config.train)
   base_key = jax.random.key(config.seed)
+  task = task or LanguageModelTask()
 
   def grads_and_metrics(params, batch: Batch, stage1: jax.Array, step_key: jax.Array):
     def loss_fn(params):
       logits, sown = model.apply(
-          {"params": params}, batch["inputs"], stage1, deterministic=False,
+          {"params": params}, *task.model_inputs(batch), stage1, deterministic=False,
           rngs=step_rngs(step_key), mutable=[AUX_LOSS, METRICS],
       )
-      weights = batch["weights"]
-      task_loss = jnp.sum(token_nll(logits, batch["targets"]) * weights) / jnp.maximum(weights.sum(), 1.0)
+      task_loss = task.train_loss(logits, batch)
       aux = _flatten(sown.get(AUX_LOSS, {}))
       return task_loss + sum(aux.values(), jnp.zeros(())), (task_loss, aux, _flatten(sown.get(METRICS, {})))
 
@@ -101,34 +100,38 @@ def make_train_step(model, tx: optax.GradientTransformation, config) -> Callable
   return train_step
 
 
-def jit_train_step(model, tx: optax.GradientTransformation, config, mesh: jax.sharding.Mesh, state_shardings):
+def jit_train_step(model, tx: optax.GradientTransformation, config, mesh: jax.sharding.Mesh, state_shardings,
+                   task=None):
   """The jitted train step of ``main`` (call it under ``jax.set_mesh(mesh)``).
 
   ``donate_argnums=0``: the input state's buffers are donated, so XLA writes the new parameters and
   optimizer state in place instead of holding two copies of them during the update.
   """
-  return jax.jit(make_train_step(model, tx, config), donate_argnums=0,
+  return jax.jit(make_train_step(model, tx, config, task), donate_argnums=0,
                  in_shardings=(state_shardings, sharding_lib.batch_sharding(mesh)),
                  out_shardings=(state_shardings, sharding_lib.replicated(mesh)))
 
 
-def make_eval_step(model) -> Callable[[dict, Batch], dict[str, jax.Array]]:
+def make_eval_step(model, task=None) -> Callable[[dict, Batch], dict[str, jax.Array]]:
   """Eval step with inference routing (distilled router): returns summed NLL and token count."""
+  task = task or LanguageModelTask()
+
   def eval_step(params, batch: Batch):
-    logits = model.apply({"params": params}, batch["inputs"], jnp.array(False), deterministic=True)
-    weights = batch["weights"]
-    return {"nll_sum": jnp.sum(token_nll(logits, batch["targets"]) * weights), "tokens": weights.sum()}
+    logits = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(False), deterministic=True)
+    return task.eval_sums(logits, batch)
   return eval_step
 
 
-def make_routing_agreement_step(model) -> Callable[[dict, Batch], jax.Array | None]:
+def make_routing_agreement_step(model, task=None) -> Callable[[dict, Batch], jax.Array | None]:
   """``(params, batch) -> share of the batch's tokens`` whose distilled-router expert is the learned one.
 
   Runs the model with stage-1 routing (the learned assignment) and reads the ``distill_accuracy``
   metric every distilled router sows (mean over MoE layers); None if no router sows it.
   """
+  task = task or LanguageModelTask()
+
   def agreement_step(params, batch: Batch):
-    _, sown = model.apply({"params": params}, batch["inputs"], jnp.array(True), deterministic=True,
+    _, sown = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(True), deterministic=True,
                           mutable=[METRICS])
     flat = _flatten(sown.get(METRICS, {}))
     values = [v for k, v in flat.items() if k.rsplit("/", 1)[-1] == "distill_accuracy"]

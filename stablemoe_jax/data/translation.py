@@ -1,0 +1,305 @@
+"""Translation data: parallel sets -> joint sentencepiece ids -> mixed-pair training batches and eval batches.
+
+    parallel (named sets of aligned lines) -> joint_tokenizer (trained on the training sources + targets)
+      -> prepared arrays in workdir/data/translation (flat ids + offsets per set, one .npz each)
+      -> MixedPairIterator (training rows drawn pair by pair with weight ~ n^(1/T)) / eval batches
+
+A source is ``[__xx__] + ids + [eos]``; the decoder input ``[bos] + target ids``; the targets ``target ids +
+[eos]``. Every batch has fixed shapes: ``source``, ``decoder_inputs``, ``targets`` int32 [B, L] and ``weights``
+float32 [B, L] (1 at scored target positions), pad id 0, with L = ``train.seq_len`` (``eval.seq_len``).
+A pair whose source or target does not fit L is never trained on or scored; each set's count of them is
+printed and written to ``workdir/data/translation/length_report.json``.
+
+Simpler than the LM's TFDS ``array_record`` path: the encoded sets are numpy ``.npz`` files with a
+``manifest.json`` of the settings and the tokenizer's md5; a run's workdir alone (tokenizer + arrays) is
+enough to resume or evaluate it without the raw corpora.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any, Iterator
+
+import numpy as np
+
+from stablemoe_jax.data import parallel
+from stablemoe_jax.data.joint_tokenizer import BOS_ID, EOS_ID, JointSentencePiece
+from stablemoe_jax.data.locate import ENV_VAR, DataError, DataNotFoundError
+from stablemoe_jax.models.seq2seq import PAD_ID
+
+MANIFEST = "manifest.json"
+LENGTH_REPORT = "length_report.json"
+Batch = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass
+class EncodedSet:
+  """One named set of one pair, encoded: source i is ``source_ids[source_offsets[i]:source_offsets[i + 1]]``.
+
+  Sources include the language tag and eos; targets are the bare ids (no bos, no eos).
+  """
+
+  pair: str
+  name: str
+  source_ids: np.ndarray  # int32 [total source tokens]
+  source_offsets: np.ndarray  # int64 [n + 1]
+  target_ids: np.ndarray
+  target_offsets: np.ndarray
+
+  def __len__(self) -> int:
+    return len(self.source_offsets) - 1
+
+  def source(self, i: int) -> np.ndarray:
+    return self.source_ids[self.source_offsets[i]:self.source_offsets[i + 1]]
+
+  def target(self, i: int) -> np.ndarray:
+    return self.target_ids[self.target_offsets[i]:self.target_offsets[i + 1]]
+
+  def fitting(self, max_len: int) -> np.ndarray:
+    """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
+    source_lengths = np.diff(self.source_offsets)
+    target_lengths = np.diff(self.target_offsets) + 1
+    return np.flatnonzero((source_lengths <= max_len) & (target_lengths <= max_len))
+
+
+def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+  offsets = np.zeros(len(rows) + 1, np.int64)
+  offsets[1:] = np.cumsum([len(r) for r in rows])
+  flat = np.fromiter((i for r in rows for i in r), np.int32, count=int(offsets[-1]))
+  return flat, offsets
+
+
+def encode_set(tokenizer: JointSentencePiece, ps: parallel.ParallelSet) -> EncodedSet:
+  tag = tokenizer.tag_id(ps.source_language)
+  sources = [[tag] + tokenizer.encode(line) + [EOS_ID] for line in ps.sources]
+  targets = [tokenizer.encode(line) for line in ps.targets]
+  return EncodedSet(ps.pair, ps.name, *_flatten(sources), *_flatten(targets))
+
+
+def make_rows(sets_and_indices: list[tuple[EncodedSet, int]], rows: int, max_len: int) -> Batch:
+  """A batch of ``rows`` rows [rows, max_len] from (set, index) pairs that fit; the rest are all padding."""
+  source = np.full((rows, max_len), PAD_ID, np.int32)
+  decoder_inputs = np.full((rows, max_len), PAD_ID, np.int32)
+  targets = np.full((rows, max_len), PAD_ID, np.int32)
+  weights = np.zeros((rows, max_len), np.float32)
+  for r, (encoded, i) in enumerate(sets_and_indices):
+    src, tgt = encoded.source(i), encoded.target(i)
+    source[r, :len(src)] = src
+    decoder_inputs[r, 0] = BOS_ID
+    decoder_inputs[r, 1:len(tgt) + 1] = tgt
+    targets[r, :len(tgt)] = tgt
+    targets[r, len(tgt)] = EOS_ID
+    weights[r, :len(tgt) + 1] = 1.0
+  return {"source": source, "decoder_inputs": decoder_inputs, "targets": targets, "weights": weights}
+
+
+def mixing_weights(sizes: list[int], temperature: float) -> np.ndarray:
+  """Sampling probability of each pair, proportional to ``n_pair ** (1 / temperature)`` (1: proportional)."""
+  scaled = np.asarray(sizes, np.float64) ** (1.0 / temperature)
+  return scaled / scaled.sum()
+
+
+class MixedPairIterator:
+  """Endless training batches mixing the pairs; batch t depends only on (seed, t), so resuming is exact.
+
+  Each global row draws its pair with ``mixing_weights`` and then one of that pair's fitting training
+  pairs uniformly (with replacement); this process keeps rows ``shard_index`` * B / shard_count onwards.
+  ``get_state`` / ``set_state`` (the number of batches drawn) are what the checkpoint saves.
+  """
+
+  def __init__(self, train_sets: list[EncodedSet], batch_size: int, max_len: int, seed: int,
+               temperature: float, shard_index: int = 0, shard_count: int = 1):
+    if batch_size % shard_count:
+      raise ValueError(f"train.batch_size={batch_size} must be a multiple of the {shard_count} processes.")
+    self._sets = train_sets
+    self._indices = [s.fitting(max_len) for s in train_sets]
+    for s, idx in zip(train_sets, self._indices):
+      if not len(idx):
+        raise DataError(f"no training pair of {s.pair} fits train.seq_len={max_len}; raise it.")
+    self._weights = mixing_weights([len(i) for i in self._indices], temperature)
+    self._batch_size, self._max_len, self._seed = batch_size, max_len, seed
+    self._rows = slice(shard_index * batch_size // shard_count, (shard_index + 1) * batch_size // shard_count)
+    self._batches = 0
+
+  @property
+  def weights(self) -> dict[str, float]:
+    return {s.pair: float(w) for s, w in zip(self._sets, self._weights)}
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> Batch:
+    rng = np.random.default_rng([self._seed, self._batches])
+    pairs = rng.choice(len(self._sets), size=self._batch_size, p=self._weights)
+    picks = [(self._sets[p], int(self._indices[p][rng.integers(len(self._indices[p]))])) for p in pairs]
+    self._batches += 1
+    return make_rows(picks[self._rows], len(picks[self._rows]), self._max_len)
+
+  def get_state(self) -> dict:
+    return {"batches": self._batches}
+
+  def set_state(self, state: dict) -> None:
+    self._batches = int(state["batches"])
+
+
+def eval_batches(sets: list[EncodedSet], batch_size: int, max_len: int, max_sentences: int = 0
+                 ) -> Iterator[Batch]:
+  """Batches of every fitting pair of ``sets`` in order (the last one padded with empty rows).
+
+  ``max_sentences > 0`` takes each set's first ``max_sentences`` pairs only.
+  """
+  picks = []
+  for s in sets:
+    indices = s.fitting(max_len)
+    if max_sentences > 0:
+      indices = indices[indices < max_sentences]
+    picks += [(s, int(i)) for i in indices]
+  for start in range(0, len(picks), batch_size):
+    yield make_rows(picks[start:start + batch_size], batch_size, max_len)
+
+
+@dataclasses.dataclass
+class TranslationData:
+  """The prepared translation corpora: the tokenizer and {pair: {set name: EncodedSet}}."""
+
+  tokenizer: JointSentencePiece
+  sets: dict[str, dict[str, EncodedSet]]
+  directory: pathlib.Path  # the prepared data: tokenizer, arrays, and the evaluation sets' raw text
+
+  def raw_text(self, pair: str, name: str) -> tuple[list[str], list[str]]:
+    """The untokenised (source lines, reference lines) of an evaluation set, as the corpus files have them."""
+    read = lambda side: (self.directory / f"{pair}.{name}.{side}.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    return read("src"), read("ref")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.tokenizer.vocab_size
+
+  @property
+  def pairs(self) -> tuple[str, ...]:
+    return tuple(self.sets)
+
+  def split_sets(self, split: str) -> list[EncodedSet]:
+    """'train' / 'valid': each pair's set of that name; 'test': each pair's test sets."""
+    if split in ("train", "valid"):
+      return [self.sets[p][split] for p in self.pairs]
+    if split == "test":
+      return [s for p in self.pairs for name, s in self.sets[p].items() if name not in ("train", "valid")]
+    raise ValueError(f"unknown split {split!r}; choose train, valid or test.")
+
+  def length_report(self, max_len: int) -> dict[str, dict[str, int]]:
+    """{pair: {set name: pairs that do not fit max_len}} (only sets with any)."""
+    report = {}
+    for pair, sets in self.sets.items():
+      for name, s in sets.items():
+        over = len(s) - len(s.fitting(max_len))
+        if over:
+          report.setdefault(pair, {})[name] = over
+    return report
+
+  def train_token_counts(self, vocab_size: int) -> np.ndarray:
+    """int64 [vocab_size]: ids of the training sources and decoder inputs (the ids the routers read)."""
+    counts = np.zeros(vocab_size, np.int64)
+    for s in self.split_sets("train"):
+      counts += np.bincount(s.source_ids, minlength=vocab_size)[:vocab_size]
+      counts += np.bincount(s.target_ids, minlength=vocab_size)[:vocab_size]
+      counts[BOS_ID] += len(s)
+    return counts
+
+
+def _settings(data_config: Any) -> dict:
+  return {"pairs": list(parallel.parse_pairs(data_config.pairs)),
+          "bible_valid_books": list(parallel.parse_books(data_config.bible_valid_books)),
+          "bible_test_books": list(parallel.parse_books(data_config.bible_test_books)),
+          "sentencepiece_vocab_size": int(data_config.sentencepiece_vocab_size)}
+
+
+def _data_dir(data_config: Any) -> pathlib.Path | None:
+  configured = data_config.get("data_dir", "") or os.environ.get(ENV_VAR, "")
+  return pathlib.Path(configured).expanduser() if configured else None
+
+
+def _save_set(directory: pathlib.Path, s: EncodedSet) -> None:
+  np.savez(directory / f"{s.pair}.{s.name}.npz", source_ids=s.source_ids, source_offsets=s.source_offsets,
+           target_ids=s.target_ids, target_offsets=s.target_offsets)
+
+
+def _load_set(directory: pathlib.Path, pair: str, name: str) -> EncodedSet:
+  with np.load(directory / f"{pair}.{name}.npz") as f:
+    return EncodedSet(pair, name, f["source_ids"], f["source_offsets"], f["target_ids"], f["target_offsets"])
+
+
+def load_translation_data(data_config: Any, prepared_dir: pathlib.Path) -> TranslationData:
+  """Prepares (or reuses) the tokenizer and encoded sets under ``prepared_dir/translation``.
+
+  The raw corpora are read only if nothing matching ``data_config`` is prepared there yet.
+
+  Raises:
+    ValueError: an unknown pair or book.
+    DataNotFoundError: nothing prepared and a corpus file is missing (the message names it and the fix).
+    DataError: the prepared data was built with other settings.
+  """
+  settings = _settings(data_config)
+  directory = pathlib.Path(prepared_dir) / "translation"
+  manifest_path = directory / MANIFEST
+  if manifest_path.is_file():
+    manifest = json.loads(manifest_path.read_text())
+    if manifest["settings"] != settings:
+      raise DataError(f"{directory} was prepared with other data settings ({manifest['settings']}, this config "
+                      f"{settings}); use a new --workdir or delete {directory}.")
+    tokenizer = JointSentencePiece.load(directory / "tokenizer", settings)
+    sets = {pair: {name: _load_set(directory, pair, name) for name in names}
+            for pair, names in manifest["sets"].items()}
+    return TranslationData(tokenizer, sets, directory)
+  data_dir = _data_dir(data_config)
+  if data_dir is None:
+    raise DataNotFoundError(f"no data directory: set --config.data.data_dir or ${ENV_VAR} to the folder holding "
+                            f"multi30k/ and bible_es_en/.")
+  raw = parallel.read_sets(data_dir, tuple(settings["pairs"]), tuple(settings["bible_valid_books"]),
+                           tuple(settings["bible_test_books"]))
+  languages = [pair.split("-")[0] for pair in settings["pairs"]]
+  training_text = _training_lines(raw)
+  tokenizer = JointSentencePiece.train(training_text, settings["sentencepiece_vocab_size"], languages)
+  directory.mkdir(parents=True, exist_ok=True)
+  tokenizer.save(directory / "tokenizer", settings)
+  sets = {pair: {name: encode_set(tokenizer, ps) for name, ps in named.items()} for pair, named in raw.items()}
+  for named in sets.values():
+    for s in named.values():
+      _save_set(directory, s)
+  for pair, named in raw.items():
+    for name, ps in named.items():
+      if name != "train":
+        for side, lines in (("src", ps.sources), ("ref", ps.targets)):
+          (directory / f"{pair}.{name}.{side}.txt").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+  manifest = {"settings": settings, "tokenizer_md5": tokenizer.fingerprint(),
+              "sets": {pair: list(named) for pair, named in sets.items()},
+              "sizes": {pair: {name: len(s) for name, s in named.items()} for pair, named in sets.items()}}
+  (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")  # last: its presence means complete
+  return TranslationData(tokenizer, sets, directory)
+
+
+def _training_lines(raw: dict[str, dict[str, parallel.ParallelSet]]) -> Iterator[str]:
+  """Each distinct training file's non-empty lines once (Multi30k's English side is shared by its pairs)."""
+  seen_english = False
+  for named in raw.values():
+    train = named["train"]
+    yield from (line for line in train.sources if line)
+    multi30k = train.source_language != parallel.BIBLE_LANGUAGE
+    if not (multi30k and seen_english):
+      yield from (line for line in train.targets if line)
+    seen_english = seen_english or multi30k
+
+
+def write_length_report(data: TranslationData, prepared_dir: pathlib.Path, train_len: int, eval_len: int) -> dict:
+  """Counts the pairs that do not fit, prints them once, writes ``length_report.json``; returns the report."""
+  report = {"train.seq_len": train_len, "over_train_seq_len": data.length_report(train_len),
+            "eval.seq_len": eval_len, "over_eval_seq_len": data.length_report(eval_len)}
+  path = pathlib.Path(prepared_dir) / "translation" / LENGTH_REPORT
+  path.write_text(json.dumps(report, indent=2) + "\n")
+  train_over = sum(n for sets in report["over_train_seq_len"].values() for n in sets.values())
+  if train_over:
+    print(f"translation data: {train_over} pairs longer than train.seq_len={train_len} are left out of training "
+          f"or scoring (per pair and set: {path})", flush=True)
+  return report

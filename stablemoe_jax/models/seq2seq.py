@@ -1,0 +1,237 @@
+"""Encoder-decoder Transformer for translation (pre-LayerNorm, learned positions) with MoE layers.
+
+One joint vocabulary: the source and target share the token embedding, which is also the output layer
+(tied). MoE layers go where ``model.moe.placement`` puts them in a stack of ``model.num_layers`` blocks
+(``moe_positions``; "middle" of 6 blocks: after the third, as the paper), once in the encoder and once in
+the decoder, as the same ``MoELayer`` (routers, distilled routers, dispatchers) as the language model. The
+encoder's routers read the source ids, the decoder's the decoder's input ids (the shifted target).
+
+Decoding (``decode=True``) feeds one position at a time: the decoder self-attention keeps its keys and
+values in the ``cache`` collection, and the encoder output is computed once and passed in.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
+from stablemoe_jax.models.moe import MoELayer
+from stablemoe_jax.models.transformer import dense_match_plan, moe_positions
+
+PAD_ID = 0  # the tokenizer's pad id: source positions with it are masked, target positions with it unscored
+CACHE = "cache"  # the Flax collection of the decoder self-attention's keys and values
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention of queries [B, Sq, d] over keys/values [B, Sk, d] with a boolean mask.
+
+  With ``decode=True`` (self-attention only) the keys and values of each call are appended to a cache of
+  ``max_len`` positions created by an ``init`` with ``decode=True`` on inputs [B, max_len]; the queries then
+  attend to every cached position so far.
+  """
+
+  num_heads: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, queries: jax.Array, keys_values: jax.Array, mask: jax.Array | None,
+               decode: bool = False) -> jax.Array:
+    """queries [B, Sq, d], keys_values [B, Sk, d], mask bool [B, 1 or H, Sq, Sk] (True: attend) -> [B, Sq, d]."""
+    d = queries.shape[-1]
+    head_dim = d // self.num_heads
+    dense = lambda name: nn.DenseGeneral((self.num_heads, head_dim), dtype=self.dtype, name=name)
+    q, k, v = dense("query")(queries), dense("key")(keys_values), dense("value")(keys_values)  # [B, S, H, Dh]
+    if decode:
+      k, v, mask = self._extend_cache(k, v)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(head_dim).astype(jnp.float32)
+    if mask is not None:
+      scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    return nn.DenseGeneral(d, axis=(-2, -1), dtype=self.dtype, name="out")(out)
+
+  def _extend_cache(self, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Writes k, v [B, Sq, H, Dh] at the cache index; returns all cached k, v [B, L, H, Dh] and their mask."""
+    initialised = self.has_variable(CACHE, "cached_key")
+    cached_key = self.variable(CACHE, "cached_key", jnp.zeros, k.shape, k.dtype)
+    cached_value = self.variable(CACHE, "cached_value", jnp.zeros, v.shape, v.dtype)
+    index = self.variable(CACHE, "index", lambda: jnp.array(0, jnp.int32))
+    if not initialised:  # the init call only creates the cache [B, max_len, H, Dh]
+      return k, v, nn.make_causal_mask(k[..., 0, 0])
+    start = index.value
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k.astype(cached_key.value.dtype),
+                                                    (0, start, 0, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v.astype(cached_value.value.dtype),
+                                                      (0, start, 0, 0))
+    index.value = start + k.shape[1]
+    length = cached_key.value.shape[1]
+    query_positions = start + jnp.arange(k.shape[1])
+    mask = jnp.arange(length)[None, :] <= query_positions[:, None]  # [Sq, L]: causal over the cache
+    return cached_key.value, cached_value.value, mask[None, None]
+
+
+class FeedForward(nn.Module):
+  """ReLU FFN: x [B, S, d] -> [B, S, d]."""
+
+  d_ff: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    y = nn.Dense(self.d_ff, dtype=self.dtype, name="ffn_in")(x)
+    return nn.Dense(x.shape[-1], dtype=self.dtype, name="ffn_out")(nn.relu(y))
+
+
+class EncoderBlock(nn.Module):
+  """Pre-LN: x + SelfAttn(LN(x)) over non-padding keys, then x + FFN(LN(x)); x [B, S, d] -> [B, S, d]."""
+
+  num_heads: int
+  d_ff: int
+  dropout: float
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+    """mask bool [B, 1, 1 or S, S]."""
+    drop = nn.Dropout(self.dropout)
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    x = x + drop(MultiHeadAttention(self.num_heads, self.dtype, name="self_attention")(y, y, mask),
+                 deterministic=deterministic)
+    y = FeedForward(self.d_ff, self.dtype, name="ffn")(nn.LayerNorm(dtype=self.dtype)(x))
+    return x + drop(y, deterministic=deterministic)
+
+
+class DecoderBlock(nn.Module):
+  """Pre-LN: causal self-attention, attention over the encoder output, FFN; each a residual sublayer."""
+
+  num_heads: int
+  d_ff: int
+  dropout: float
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, encoded: jax.Array, cross_mask: jax.Array, deterministic: bool,
+               decode: bool = False) -> jax.Array:
+    """x [B, S, d], encoded [B, Ss, d], cross_mask bool [B, 1, 1, Ss] -> [B, S, d]."""
+    drop = nn.Dropout(self.dropout)
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    self_mask = None if decode else nn.make_causal_mask(x[..., 0])
+    x = x + drop(MultiHeadAttention(self.num_heads, self.dtype, name="self_attention")(y, y, self_mask, decode),
+                 deterministic=deterministic)
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    x = x + drop(MultiHeadAttention(self.num_heads, self.dtype, name="cross_attention")(y, encoded, cross_mask),
+                 deterministic=deterministic)
+    y = FeedForward(self.d_ff, self.dtype, name="ffn")(nn.LayerNorm(dtype=self.dtype)(x))
+    return x + drop(y, deterministic=deterministic)
+
+
+def padding_mask(source: jax.Array) -> jax.Array:
+  """source int32 [B, Ss] -> bool [B, 1, 1, Ss]: True at real (non-pad) source positions."""
+  return (source != PAD_ID)[:, None, None, :]
+
+
+class TransformerSeq2Seq(nn.Module):
+  """Encoder-decoder Transformer over a joint vocabulary with tied embeddings and MoE layers.
+
+  Attributes:
+    config: the ``model`` config (vocab_size, d_model, num_heads, num_layers (each of encoder and decoder),
+      d_ff, max_len, dropout, dtype, ``moe`` and ``dense_match``, as the language model's).
+
+  Parameters are float32; ``model.dtype`` is the compute dtype; logits are float32. The MoE layers are the
+  top-level modules ``encoder_moe_{k}`` and ``decoder_moe_{k}`` (the dense baselines: ``*_dense_ffn_{k}``).
+  """
+
+  config: Any
+
+  def setup(self):
+    cfg = self.config
+    d = cfg.d_model
+    dtype = jnp.dtype(cfg.dtype)
+    self.embed = nn.Embed(cfg.vocab_size, d, embedding_init=nn.initializers.normal(d**-0.5))
+    self.positions = self.param("positions", nn.initializers.normal(d**-0.5), (cfg.max_len, d))
+    self.embedding_dropout = nn.Dropout(cfg.dropout)
+    self.encoder_blocks = [EncoderBlock(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype)
+                           for _ in range(cfg.num_layers)]
+    self.decoder_blocks = [DecoderBlock(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype)
+                           for _ in range(cfg.num_layers)]
+    self.encoder_norm = nn.LayerNorm(dtype=dtype)
+    self.decoder_norm = nn.LayerNorm(dtype=dtype)
+    moe = cfg.moe
+    self.dense_match = cfg.get("dense_match", "none")
+    placement = moe_positions(cfg.num_layers, moe.placement) if moe.enabled or self.dense_match != "none" else ()
+    self.placement = placement
+    if self.dense_match != "none":  # one dense "expert" per MoE position with the MoE layer's parameters
+      sublayers, width = dense_match_plan(cfg)
+      self.encoder_dense_ffn = [FFNExperts(1, sublayers, width) for _ in placement]
+      self.decoder_dense_ffn = [FFNExperts(1, sublayers, width) for _ in placement]
+    elif placement:
+      sublayers = max(1, moe.sublayers_per_expert // len(placement))
+      layer = lambda: MoELayer(moe, cfg.vocab_size, sublayers, moe.d_ff or cfg.d_ff, cfg.dropout, dtype)
+      self.encoder_moe = [layer() for _ in placement]
+      self.decoder_moe = [layer() for _ in placement]
+
+  def _embed(self, tokens: jax.Array, start: jax.Array | int, deterministic: bool) -> jax.Array:
+    """tokens [B, S] at positions start .. start + S - 1 -> [B, S, d] (scaled embedding + position)."""
+    d = self.config.d_model
+    positions = jax.lax.dynamic_slice_in_dim(self.positions, start, tokens.shape[1])
+    x = self.embed(tokens) * jnp.sqrt(d) + positions
+    x = self.embedding_dropout(x, deterministic=deterministic)
+    return x.astype(jnp.dtype(self.config.dtype))
+
+  def _moe_position(self, side: str, k: int, x: jax.Array, token_ids: jax.Array, in_stage1: jax.Array,
+                    deterministic: bool) -> jax.Array:
+    """The k-th MoE layer (or its dense stand-in) of ``side`` ("encoder" | "decoder")."""
+    if self.dense_match != "none":
+      ffn_params = getattr(self, f"{side}_dense_ffn")[k](x.shape[-1])
+      rng = self.make_rng("dropout") if self.config.dropout > 0 and not deterministic else None
+      rows = jnp.arange(x.shape[0], dtype=jnp.int32)  # each sequence its own dropout "group"
+      return x + apply_ffn_experts(ffn_params, x[None], jnp.zeros((1,), jnp.int32), rows, rng,
+                                   dropout=self.config.dropout, dtype=jnp.dtype(self.config.dtype))[0]
+    return getattr(self, f"{side}_moe")[k](x, token_ids, in_stage1, deterministic)
+
+  def _stack(self, side: str, blocks, x, token_ids, in_stage1, deterministic, run_block):
+    """Blocks with the MoE layers at their positions (``moe_positions``: blocks before each)."""
+    for block in range(len(blocks) + 1):
+      for k in [k for k, p in enumerate(self.placement) if p == block]:
+        x = self._moe_position(side, k, x, token_ids, in_stage1, deterministic)
+      if block < len(blocks):
+        x = run_block(blocks[block], x)
+    return x
+
+  def encode(self, source: jax.Array, in_stage1: jax.Array, deterministic: bool = True) -> jax.Array:
+    """source int32 [B, Ss] (pad = PAD_ID) -> encoded [B, Ss, d]."""
+    x = self._embed(source, 0, deterministic)
+    mask = padding_mask(source)  # keys only: a pad position's own output is never read
+    x = self._stack("encoder", self.encoder_blocks, x, source, in_stage1, deterministic,
+                    lambda block, x: block(x, mask, deterministic))
+    return self.encoder_norm(x)
+
+  def decode(self, encoded: jax.Array, source: jax.Array, decoder_inputs: jax.Array, in_stage1: jax.Array,
+             deterministic: bool = True, decode: bool = False, position: jax.Array | int = 0) -> jax.Array:
+    """Logits float32 [B, St, V] of the next token at each decoder input position.
+
+    Args:
+      encoded: [B, Ss, d], the encoder output.
+      source: int32 [B, Ss], the source ids (for the cross-attention padding mask).
+      decoder_inputs: int32 [B, St], bos followed by the target (teacher forcing), or St = 1 when decoding.
+      in_stage1: bool scalar.
+      deterministic: no dropout.
+      decode: cached decoding: ``decoder_inputs`` continue the cached positions (call with
+        ``mutable=["cache"]``).
+      position: the position of ``decoder_inputs[:, 0]`` (the step index when decoding).
+    """
+    cross_mask = padding_mask(source)
+    y = self._embed(decoder_inputs, position, deterministic)
+    y = self._stack("decoder", self.decoder_blocks, y, decoder_inputs, in_stage1, deterministic,
+                    lambda block, y: block(y, encoded, cross_mask, deterministic, decode))
+    y = self.decoder_norm(y)
+    return self.embed.attend(y.astype(jnp.float32))
+
+  def __call__(self, source: jax.Array, decoder_inputs: jax.Array, in_stage1: jax.Array,
+               deterministic: bool = True, decode: bool = False) -> jax.Array:
+    """source int32 [B, Ss], decoder_inputs int32 [B, St], in_stage1 bool scalar -> logits float32 [B, St, V]."""
+    encoded = self.encode(source, in_stage1, deterministic)
+    return self.decode(encoded, source, decoder_inputs, in_stage1, deterministic, decode)

@@ -1,0 +1,59 @@
+"""The task interface: what the shared loop, steps and checkpoints need to know about a task.
+
+A task says which data a run prepares, which model it builds, which batch entries feed that model, how
+its logits are scored in training and evaluation, and what its final report adds. Everything else (the
+train and eval steps, optimizer, mesh, checkpoints, exact resume, metrics, routing records) is the same
+code for every task. Batches are dicts of numpy arrays whose leading axis is rows ([B, ...]).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+Batch = dict[str, Any]
+
+
+class Task(Protocol):
+  """One task (``config.task``); the model it builds is called as ``model(*model_inputs(batch), in_stage1, det)``."""
+
+  name: str
+
+  def load_data(self, data_config, prepared_dir) -> Any:
+    """Prepares (or reuses) the tokenizer and records under ``prepared_dir``; returns the data object.
+
+    The object has ``vocab_size`` and ``tokenizer``.
+    """
+
+  def build_model(self, model_config) -> nn.Module:
+    """The Flax module of the task's model."""
+
+  def sample_inputs(self, config) -> tuple[jax.Array, ...]:
+    """Arguments before ``in_stage1`` with which ``model.init`` creates the parameters (one row)."""
+
+  def model_inputs(self, batch: Batch) -> tuple[jax.Array, ...]:
+    """The batch entries the model is called with, before ``in_stage1``."""
+
+  def train_loss(self, logits: jax.Array, batch: Batch) -> jax.Array:
+    """float32 scalar: the loss training minimises (before the MoE layers' auxiliary losses)."""
+
+  def eval_sums(self, logits: jax.Array, batch: Batch) -> dict[str, jax.Array]:
+    """``{"nll_sum", "tokens"}``: summed NLL of the batch's scored tokens and their count."""
+
+  def train_iterator(self, data, config, shard_index: int, shard_count: int) -> Any:
+    """Endless training batches of this process's rows, with ``get_state`` / ``set_state`` (exact resume)."""
+
+  def eval_batches(self, data, config, split: str, stride: int = 0) -> Iterator[Batch]:
+    """Whole evaluation batches of ``split`` (every process reads the same), each of ``eval.batch_size`` rows."""
+
+  def train_token_counts(self, data, vocab_size: int) -> np.ndarray:
+    """int64 [vocab_size]: how often each id occurs where the routers read ids in training."""
+
+  def eval_description(self, config) -> dict:
+    """How evaluation scores a split (``summary.json["eval"]``)."""
+
+  def final_report(self, experiment, params, split: str = "test") -> dict:
+    """Entries the task adds to ``summary.json`` after training and to ``--mode=eval``'s result on ``split``
+    (the language model: none; translation: BLEU)."""

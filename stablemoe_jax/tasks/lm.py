@@ -1,0 +1,59 @@
+"""Language modelling: a decoder-only Transformer over one token stream, scored by perplexity."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stablemoe_jax import data as data_lib
+from stablemoe_jax.data.token_counts import split_token_counts
+from stablemoe_jax.models.transformer import TransformerLM
+from stablemoe_jax.train.losses import token_nll
+
+
+class LanguageModelTask:
+  """``config.task = "lm"``: batches ``{inputs, targets, weights}`` [B, S] of ``data_lib.LMData``."""
+
+  name = "lm"
+
+  def load_data(self, data_config, prepared_dir):
+    return data_lib.load_lm_data(data_config, prepared_dir)
+
+  def build_model(self, model_config):
+    return TransformerLM(model_config)
+
+  def sample_inputs(self, config):
+    return (jnp.zeros((1, config.train.seq_len), jnp.int32),)
+
+  def model_inputs(self, batch):
+    return (batch["inputs"],)
+
+  def train_loss(self, logits, batch) -> jax.Array:
+    weights = batch["weights"]
+    return jnp.sum(token_nll(logits, batch["targets"]) * weights) / jnp.maximum(weights.sum(), 1.0)
+
+  def eval_sums(self, logits, batch):
+    weights = batch["weights"]
+    return {"nll_sum": jnp.sum(token_nll(logits, batch["targets"]) * weights), "tokens": weights.sum()}
+
+  def train_iterator(self, data, config, shard_index: int, shard_count: int):
+    train = config.train
+    return data.train_iterator(train.batch_size, train.seq_len, config.seed,
+                               shard_index=shard_index, shard_count=shard_count)
+
+  def eval_batches(self, data, config, split: str, stride: int = 0):
+    return data.eval_batches(split, config.eval.batch_size, config.eval.seq_len, stride=stride)
+
+  def train_token_counts(self, data, vocab_size: int) -> np.ndarray:
+    return split_token_counts(data, vocab_size)
+
+  def eval_description(self, config) -> dict:
+    """Non-overlapping blocks or sliding windows (``eval.stride``)."""
+    cfg = config.eval
+    stride = cfg.get("stride", 0)
+    sliding = 0 < stride < cfg.seq_len
+    return {"mode": "sliding" if sliding else "blocks", "seq_len": cfg.seq_len,
+            "stride": stride if sliding else cfg.seq_len}
+
+  def final_report(self, experiment, params, split: str = "test") -> dict:
+    return {}

@@ -1,0 +1,76 @@
+"""X->English translation: an encoder-decoder over mixed language pairs, label-smoothed training loss.
+
+Batches: ``source``, ``decoder_inputs``, ``targets`` int32 [B, L] and ``weights`` float32 [B, L]
+(``data/translation.py``). Evaluation's loss is the plain (unsmoothed) NLL of the targets, teacher-forced.
+"""
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stablemoe_jax.data import translation as data_lib
+from stablemoe_jax.decoding.bleu_report import bleu_report
+from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
+from stablemoe_jax.train.losses import label_smoothed_nll, token_nll
+
+
+class TranslationTask:
+  """``config.task = "translation"``; reads ``train.label_smoothing``, ``data.sampling_temperature``,
+  ``eval.max_sentences`` from the config it is built with."""
+
+  name = "translation"
+
+  def __init__(self, config):
+    self._label_smoothing = float(config.train.get("label_smoothing", 0.0))
+
+  def load_data(self, data_config, prepared_dir):
+    return data_lib.load_translation_data(data_config, pathlib.Path(prepared_dir))
+
+  def build_model(self, model_config):
+    return TransformerSeq2Seq(model_config)
+
+  def sample_inputs(self, config):
+    rows = jnp.zeros((1, config.train.seq_len), jnp.int32)
+    return rows, rows
+
+  def model_inputs(self, batch):
+    return batch["source"], batch["decoder_inputs"]
+
+  def train_loss(self, logits, batch) -> jax.Array:
+    weights = batch["weights"]
+    per_token = label_smoothed_nll(logits, batch["targets"], self._label_smoothing)
+    return jnp.sum(per_token * weights) / jnp.maximum(weights.sum(), 1.0)
+
+  def eval_sums(self, logits, batch):
+    weights = batch["weights"]
+    return {"nll_sum": jnp.sum(token_nll(logits, batch["targets"]) * weights), "tokens": weights.sum()}
+
+  def train_iterator(self, data, config, shard_index: int, shard_count: int):
+    train = config.train
+    return data_lib.MixedPairIterator(data.split_sets("train"), train.batch_size, train.seq_len, config.seed,
+                                      config.data.sampling_temperature, shard_index, shard_count)
+
+  def eval_batches(self, data, config, split: str, stride: int = 0):
+    del stride  # sentences are scored whole
+    return data_lib.eval_batches(data.split_sets(split), config.eval.batch_size, config.eval.seq_len,
+                                 config.eval.get("max_sentences", 0))
+
+  def train_token_counts(self, data, vocab_size: int) -> np.ndarray:
+    return data.train_token_counts(vocab_size)
+
+  def eval_description(self, config) -> dict:
+    return {"mode": "teacher_forced_sentences", "seq_len": config.eval.seq_len,
+            "max_sentences": config.eval.get("max_sentences", 0)}
+
+  def final_report(self, experiment, params, split: str = "test") -> dict:
+    """BLEU on ``split``'s sets (``decoding/bleu_report.py``), the pairs' mixing weights, the over-length counts."""
+    cfg = experiment.config
+    report = data_lib.write_length_report(experiment.data, experiment.workdir / "data", cfg.train.seq_len,
+                                          cfg.eval.seq_len)
+    weights = data_lib.MixedPairIterator(experiment.data.split_sets("train"), cfg.train.batch_size,
+                                         cfg.train.seq_len, cfg.seed, cfg.data.sampling_temperature).weights
+    return {"bleu": bleu_report(cfg, experiment.data, params, split), "pair_weights": weights,
+            "over_length": report}

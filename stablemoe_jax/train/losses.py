@@ -1,0 +1,23 @@
+"""Per-token losses of the tasks' steps (float32 whatever the compute dtype)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """Per-token negative log-likelihood: logits [B, S, V], targets int32 [B, S] -> [B, S]."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+
+
+def label_smoothed_nll(logits: jax.Array, targets: jax.Array, smoothing: float) -> jax.Array:
+  """Cross-entropy against ``(1 - smoothing) * one_hot + smoothing / V`` (fairseq's and flax wmt's form).
+
+  logits [B, S, V], targets int32 [B, S] -> [B, S]. ``smoothing == 0`` is :func:`token_nll`.
+  """
+  if smoothing == 0.0:
+    return token_nll(logits, targets)
+  logits = logits.astype(jnp.float32)
+  labels = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1], dtype=jnp.float32), smoothing)
+  return optax.softmax_cross_entropy(logits, labels)

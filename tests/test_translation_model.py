@@ -1,0 +1,70 @@
+"""The encoder-decoder: cached decoding, padding masks, and which ids each MoE layer's router reads."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from mt_fixtures import tiny_model_config
+
+from stablemoe_jax.models.routing import METRICS, ROUTING
+from stablemoe_jax.models.seq2seq import CACHE, TransformerSeq2Seq
+
+SOURCE = jnp.array([[4, 9, 10, 11, 3, 0, 0], [5, 12, 13, 14, 15, 16, 3]], jnp.int32)
+DECODER_INPUTS = jnp.array([[2, 20, 21, 22, 23], [2, 30, 31, 32, 0]], jnp.int32)
+STAGE2 = jnp.array(False)
+
+
+def _model_and_params(router: str = "stablemoe"):
+  config = tiny_model_config(router=router)
+  model = TransformerSeq2Seq(config.model)
+  params = model.init(jax.random.key(0), SOURCE, DECODER_INPUTS, jnp.array(True))["params"]
+  return model, params
+
+
+def _decode_step_by_step(model, params, mutable=(CACHE,)):
+  """Logits [B, St, V] and the sown collections of each step, one decoder position at a time with the cache."""
+  cache = model.init(jax.random.key(0), SOURCE, jnp.zeros((2, model.config.max_len), jnp.int32), STAGE2,
+                     decode=True)[CACHE]
+  encoded = model.apply({"params": params}, SOURCE, STAGE2, method=model.encode)
+  logits, sown = [], []
+  for i in range(DECODER_INPUTS.shape[1]):
+    step_logits, variables = model.apply({"params": params, CACHE: cache}, encoded, SOURCE, DECODER_INPUTS[:, i:i + 1],
+                                         STAGE2, decode=True, position=i, method=model.decode, mutable=list(mutable))
+    cache = variables[CACHE]
+    logits.append(step_logits)
+    sown.append(variables)
+  return jnp.concatenate(logits, axis=1), sown
+
+
+def test_cached_decoding_gives_the_logits_of_the_full_forward():
+  model, params = _model_and_params()
+  full = model.apply({"params": params}, SOURCE, DECODER_INPUTS, STAGE2)
+  cached, _ = _decode_step_by_step(model, params)
+  np.testing.assert_allclose(cached, full, atol=2e-5)
+
+
+def test_source_padding_does_not_change_the_output():
+  model, params = _model_and_params()
+  longer = jnp.pad(SOURCE, ((0, 0), (0, 3)))  # three more pad positions
+  np.testing.assert_allclose(model.apply({"params": params}, longer, DECODER_INPUTS, STAGE2),
+                             model.apply({"params": params}, SOURCE, DECODER_INPUTS, STAGE2), atol=1e-5)
+
+
+def test_encoder_router_reads_source_ids_and_decoder_router_reads_decoder_inputs():
+  model, params = _model_and_params("hash")  # the hash router's expert is table[token id]
+  _, sown = model.apply({"params": params}, SOURCE, DECODER_INPUTS, STAGE2, mutable=[ROUTING])
+  for side, ids in (("encoder", SOURCE), ("decoder", DECODER_INPUTS)):
+    table = params[f"{side}_moe_0"]["router"]["table"]
+    routed = sown[ROUTING][f"{side}_moe_0"]["expert_index"][0]
+    np.testing.assert_array_equal(routed, np.asarray(table)[np.asarray(ids).reshape(-1)])
+
+
+def test_a_decode_step_routes_like_teacher_forcing_and_drops_nothing():
+  for router in ("stablemoe", "switch"):  # distilled (token id) and learned (hidden state) routing
+    model, params = _model_and_params(router)
+    _, forced = model.apply({"params": params}, SOURCE, DECODER_INPUTS, STAGE2, mutable=[ROUTING])
+    forced_experts = np.asarray(forced[ROUTING]["decoder_moe_0"]["expert_index"][0]).reshape(DECODER_INPUTS.shape)
+    _, steps = _decode_step_by_step(model, params, mutable=(CACHE, ROUTING, METRICS))
+    for i, variables in enumerate(steps):
+      np.testing.assert_array_equal(variables[ROUTING]["decoder_moe_0"]["expert_index"][0], forced_experts[:, i])
+      assert float(variables[METRICS]["decoder_moe_0"]["dropped_fraction"][0]) == 0.0

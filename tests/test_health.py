@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -251,6 +252,7 @@ def test_warn_prints_one_message_and_stop_raises(capsys):
   stopping = health.CollapseGuard(_settings(patience=1, on_collapse="stop"), start_step=10)
   with pytest.raises(health.CollapseError, match=r"moe_1 .*Nothing was saved after the last checkpoint \(step 10\)"):
     loop._handle_collapses(stopping, stopping.observe(20, _window(gate=0.001, layer="moe_1")), 10)
+  assert "No checkpoint was written yet" in health.stop_message(stopping.dead["moe_1"], None)
   from stablemoe_jax import cli
   assert health.CollapseError in cli.USER_ERRORS  # one line and exit status 2 from python -m stablemoe_jax.main
 
@@ -357,7 +359,10 @@ def test_stop_ends_a_collapsing_run_with_the_layer_and_its_numbers(ptb_dir, shar
     loop.train_and_evaluate(_collapsing_config(ptb_dir), workdir)
   message = str(raised.value)
   assert "MoE layer moe_0 (router 'stablemoe') is dead at step" in message and "mean gate 0.0" in message
-  assert "Nothing was saved after the last checkpoint (step" in message
+  flagged_at = int(re.search(r"is dead at step (\d+)", message).group(1))
+  last_checkpoint = int(re.search(r"Nothing was saved after the last checkpoint \(step (\d+)\)", message).group(1))
+  saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved[-1] == last_checkpoint < flagged_at  # checkpoints every 4 steps; none at or after the stop
   # It really collapsed: the last logged window's gates are (almost) all below 0.01; the first were alive.
   logged = [r for r in read_metrics(workdir) if "moe/moe_0/mean_gate" in r]
   assert logged[0]["moe/moe_0/mean_gate"] > 0.3

@@ -176,6 +176,7 @@ def progress_summary(metrics: dict) -> dict[str, str]:
 
 def stop_message(collapse: Collapse, last_checkpoint: int | None) -> str:
   """The CollapseError text of ``on_collapse="stop"``."""
-  return (f"{collapse.message()} Training stopped (health.on_collapse='stop'). Nothing was saved after the last "
-          f"checkpoint (step {last_checkpoint}); rerunning resumes from it. Fix the cause, or set "
+  saved = (f"Nothing was saved after the last checkpoint (step {last_checkpoint}); rerunning resumes from it."
+           if last_checkpoint is not None else "No checkpoint was written yet; rerunning starts from step 0.")
+  return (f"{collapse.message()} Training stopped (health.on_collapse='stop'). {saved} Fix the cause, or set "
           f"--config.health.on_collapse=warn to train on regardless.")

@@ -158,7 +158,9 @@ def test_contribution_is_exactly_zero_for_zero_experts_and_not_otherwise():
   trained = _noise(params, 0.2, base=params)
   layer = contribution.layer_contributions(evaluate, trained)["layers"]["moe_0"]
   assert layer["loss_without_layer"] != pytest.approx(float(loss(trained)), abs=1e-4)
-  assert contribution.moe_layer_names({"block_0": {}, "dense_ffn_0": {"w_in": 0}}) == []
+  dense_params = {"block_0": {}, "dense_ffn_0": {"w_in": 0}}
+  assert contribution.moe_layer_names(dense_params) == []
+  assert contribution.layer_contributions(None, dense_params) == {"batches": "all", "layers": {}}  # not evaluated
   with pytest.raises(KeyError, match="not a MoE layer"):
     contribution.without_layer(params, "block_0")
 

@@ -52,15 +52,19 @@ def layer_contributions(evaluate, params: dict, max_batches: int = 0) -> dict:
   Returns:
     ``{"batches", "tokens", "loss", "perplexity", "layers": {layer: {"loss_without_layer",
     "perplexity_without_layer", "relative_perplexity_increase"}}}``; ``layers`` is {} for a dense model.
-    The relative increase is ``ppl_without / ppl - 1`` (0: the layer does nothing for the loss).
+    The relative increase is ``ppl_without / ppl - 1`` (0: the layer does nothing for the loss). A dense model
+    is not evaluated at all: its result has only ``batches`` and an empty ``layers``.
   """
+  batches = max_batches if max_batches > 0 else "all"
+  if not moe_layer_names(params):
+    return {"batches": batches, "layers": {}}
   full = evaluate(params, max_batches)
   layers = {}
   for layer in moe_layer_names(params):
     ablated = evaluate(without_layer(params, layer), max_batches)
     layers[layer] = {"loss_without_layer": ablated["loss"], "perplexity_without_layer": ablated["perplexity"],
                      "relative_perplexity_increase": ablated["perplexity"] / full["perplexity"] - 1.0}
-  return {"batches": max_batches if max_batches > 0 else "all", "tokens": full["tokens"], "loss": full["loss"],
+  return {"batches": batches, "tokens": full["tokens"], "loss": full["loss"],
           "perplexity": full["perplexity"], "layers": layers}
 
 

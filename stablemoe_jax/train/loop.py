@@ -206,8 +206,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   writer = MetricWriter(exp.workdir, resume_step=start) if is_chief else None
   guard = health_lib.CollapseGuard(health_lib.GuardSettings.from_config(cfg), start)
   last_checkpoint = start if start else None
-  if start:  # the verdict so far, from the windows logged up to the checkpoint (no window lost or counted twice)
-    _handle_collapses(guard, guard.replay(read_metrics(exp.workdir), start), last_checkpoint, announce=False)
   # Training seconds (evaluations excluded) summed over this run and the runs it resumes.
   train_seconds = (last_logged(exp.workdir, "train_seconds", start) or 0.0) if start else 0.0
   train_step = exp.jit_train_step()
@@ -217,6 +215,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   progress = tqdm.tqdm(total=train_cfg.steps, initial=start, desc="train", dynamic_ncols=True, mininterval=1.0,
                        disable=not is_chief)
   try:
+    if start:  # the verdict so far, from the windows logged up to the checkpoint (no window lost or counted twice)
+      _handle_collapses(guard, guard.replay(read_metrics(exp.workdir), start), last_checkpoint, announce=False)
     for step in range(start + 1, train_cfg.steps + 1):
       state, metrics = train_step(state, mesh_lib.to_global(next(train_iter), exp.mesh))
       recorder.after_step(state, step)

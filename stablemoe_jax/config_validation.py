@@ -178,8 +178,8 @@ def _check_health(config) -> None:
              f"health.{key} is unknown; the health keys are {sorted(health_lib.DEFAULTS)} (configs/default.py).")
   get = lambda key: section.get(key, health_lib.DEFAULTS[key])
   for key in ("min_mean_gate", "max_low_gate_fraction", "min_load_balance"):
-    _require(0.0 <= get(key) <= 1.0, f"health.{key}={get(key)} must lie in [0, 1] (default "
-                                     f"{health_lib.DEFAULTS[key]}); e.g. --config.health.{key}={health_lib.DEFAULTS[key]}.")
+    _require(0.0 <= get(key) <= 1.0, f"health.{key}={get(key)} must lie in [0, 1]; the default is "
+                                     f"--config.health.{key}={health_lib.DEFAULTS[key]}.")
   _require(get("patience") >= 1, f"health.patience={get('patience')} must be >= 1 (consecutive log windows of "
                                  f"train.log_every steps before a layer is flagged dead).")
   train = config.train

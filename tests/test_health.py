@@ -308,7 +308,8 @@ def test_comparison_has_health_columns_for_every_method_and_marks_a_dead_layer(t
   records = [_record("stablemoe", "StableMoE", 0, _health(0.0001, True)),
              _record("stablemoe", "StableMoE", 1, _health(0.3, False)),
              _record("hash", "Hash Layer", 0, _health(1.0, False)),
-             _record("dense", "dense", 0, {"ok": True, "dead_layers": [], "layers": {}, "contribution": {"layers": {}}}),
+             _record("dense", "dense", 0, {"ok": True, "dead_layers": [], "layers": {},
+                                           "contribution": {"layers": {}}}),
              _record("old", "an old run", 0, None)]
   config = default.get_config()
   config.compare = ml_collections.ConfigDict({"methods": "stablemoe", "seeds": 2})

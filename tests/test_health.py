@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import re
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -389,3 +391,17 @@ def test_guard_is_silent_on_the_defaults_first_steps_where_the_gate_is_alive(ptb
     assert window["moe/moe_0/mean_gate"] > 0.3
   exp.checkpointer.close()
   assert guard.summary()["ok"] and guard.summary()["layers"]["moe_0"]["load_balance"] > 0.5
+
+
+@pytest.mark.slow
+def test_stop_on_collapse_exits_with_status_2_from_the_command_line(ptb_dir, tmp_path):
+  from conftest import MAIN, REPO, tiny_flags
+  flags = [*tiny_flags(steps=16, stage1_steps=16, warmup_steps=2, log_every=2, checkpoint_every=4),
+           "--config.model.moe.distilled_router.dim=8", "--config.train.learning_rate=0.03",
+           "--config.model.moe.stablemoe.balance_alpha=1000", "--config.analysis.record_every=0",
+           "--config.health.on_collapse=stop"]
+  result = subprocess.run([*MAIN, "--workdir", str(tmp_path), *flags], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "STABLEMOE_DATA_DIR": str(ptb_dir)}, timeout=600)
+  assert result.returncode == 2, result.stderr
+  assert "error: ROUTER HEALTH: MoE layer moe_0" in result.stderr and "Traceback" not in result.stderr
+  assert "health.on_collapse='stop'" in result.stderr and not (tmp_path / "summary.json").exists()

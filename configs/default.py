@@ -115,6 +115,17 @@ def get_config() -> ml_collections.ConfigDict:
   # windows advancing by stride, each token scored once with >= seq_len - stride tokens of context.
   config.eval.stride = 0
 
+  # Router health (README "Router health"): the collapse guard over each MoE layer's logged health metrics,
+  # and the contribution measure. The defaults must equal stablemoe_jax/train/health.py DEFAULTS.
+  config.health = ml_collections.ConfigDict()
+  config.health.min_mean_gate = 0.05  # a window's mean gate below this is collapsed (sigmoid gates: stablemoe, base)
+  config.health.max_low_gate_fraction = 0.5  # ... or more than this share of tokens with gate < 0.01
+  config.health.min_load_balance = 0.5  # ... or load entropy / ln N below this (every router)
+  config.health.patience = 2  # consecutive collapsed log windows (train.log_every steps each) before flagging
+  config.health.after_step = -1  # only windows wholly after this step count; -1: train.warmup_steps
+  config.health.on_collapse = "warn"  # warn: print once and train on | stop: stop with an error (exit status 2)
+  config.health.contribution_batches = 20  # validation batches of the contribution measure; <= 0: whole split
+
   # Routing analysis (README "Routing analysis"): records, fluctuation, cohesion.
   config.analysis = ml_collections.ConfigDict()
   config.analysis.record_every = 25  # record the routing of a fixed validation sample every N steps; 0: never

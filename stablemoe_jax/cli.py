@@ -10,10 +10,11 @@ from stablemoe_jax.config_validation import ConfigError
 from stablemoe_jax.data import DataError, DataNotFoundError
 from stablemoe_jax.train import loop
 from stablemoe_jax.train.checkpoint import CheckpointMismatchError
+from stablemoe_jax.train.health import CollapseError
 
 # Errors whose message names the problem and the fix; a traceback would add nothing.
 USER_ERRORS = (ConfigError, DataError, DataNotFoundError, CheckpointMismatchError, loop.NonFiniteLossError,
-               FileNotFoundError)
+               CollapseError, FileNotFoundError)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -7,6 +7,7 @@ from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import (ATTENTION_IMPLEMENTATIONS, PLACEMENTS, REMAT_POLICIES,
                                                attention_implementation)
 from stablemoe_jax.tasks import TASK_NAMES
+from stablemoe_jax.train import health as health_lib
 
 DTYPES = ("float32", "bfloat16", "float16")
 DENSE_MATCHES = ("none", "deeper", "wider")
@@ -76,6 +77,7 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
         f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's vocabulary "
         f"({data_vocab_size}); set --config.model.vocab_size=0 to use the tokenizer's size.",
     )
+  _check_health(config)
   analysis = config.analysis  # routing analysis
   _require(analysis.record_every >= 0, f"analysis.record_every={analysis.record_every} must be >= 0 (0: no records).")
   _require(analysis.sample_tokens >= train.seq_len,
@@ -200,3 +202,26 @@ def _check_routers(config) -> None:
              f"router 'base' gives every expert exactly 1/N of a routing group, but a step's {tokens} tokens "
              f"(train.batch_size / train.microbatches x train.seq_len) are not divisible by model.moe.num_groups "
              f"({groups}) x model.moe.num_experts ({moe.num_experts}); change train.batch_size or train.seq_len.")
+
+
+def _check_health(config) -> None:
+  """The ``health`` section (optional: a config without it gets ``train.health.DEFAULTS``)."""
+  section = config.get("health")
+  if section is None:
+    return
+  for key in sorted(section.keys()):
+    _require(key in health_lib.DEFAULTS,
+             f"health.{key} is unknown; the health keys are {sorted(health_lib.DEFAULTS)} (configs/default.py).")
+  get = lambda key: section.get(key, health_lib.DEFAULTS[key])
+  for key in ("min_mean_gate", "max_low_gate_fraction", "min_load_balance"):
+    _require(0.0 <= get(key) <= 1.0, f"health.{key}={get(key)} must lie in [0, 1]; the default is "
+                                     f"--config.health.{key}={health_lib.DEFAULTS[key]}.")
+  _require(get("patience") >= 1, f"health.patience={get('patience')} must be >= 1 (consecutive log windows of "
+                                 f"train.log_every steps before a layer is flagged dead).")
+  train = config.train
+  _require(-1 <= get("after_step") < train.steps,
+           f"health.after_step={get('after_step')} must lie in [-1, train.steps={train.steps}) (-1: the end of the "
+           f"warmup, train.warmup_steps); set --config.health.after_step=-1.")
+  _require(get("on_collapse") in health_lib.ON_COLLAPSE,
+           f"health.on_collapse={get('on_collapse')!r} is unknown; choose one of {health_lib.ON_COLLAPSE} "
+           f"(warn: print once and train on, stop: end the run with an error).")

@@ -193,13 +193,18 @@ def test_training_logs_gate_entropy_and_centroid_disagreement(recorded_run):
 
 
 def test_analyze_mode_reproduces_the_final_cohesion_table(recorded_run, tmp_path):
-  config, workdir, _ = recorded_run
+  config, workdir, summary = recorded_run
   trained = {p.name: p.read_text() for p in (workdir / "analysis").iterdir() if p.suffix in (".json", ".md")}
   assert set(trained) == {"cohesion_valid_step12.json", "cohesion_valid_step12.md", "load_valid_step12.json",
                           "fluctuation.json"}
   shutil.rmtree(workdir / "analysis")
   result = analyze_checkpoint(config, workdir, split="valid")
   assert result["step"] == 12
+  # Router health under the inference routing, and the contribution: the training summary's, same prefix.
+  assert set(result["health"]["moe_0"]) == {"mean_gate", "low_gate_fraction", "load_balance", "max_load"}
+  contribution = json.loads((workdir / "analysis" / "contribution_valid_step12.json").read_text())
+  assert result["contribution"] == contribution and set(contribution["layers"]) == {"moe_0"}
+  assert contribution == summary["health"]["contribution"]
   for name, text in trained.items():
     assert (workdir / "analysis" / name).read_text() == text, name
   assert (workdir / "analysis" / "fluctuation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -6,6 +6,8 @@ from typing import Callable
 import numpy as np
 import scipy.stats
 
+from stablemoe_jax.models.routing import LOW_GATE
+
 
 class RoutingCounts:
   """Accumulates, for one MoE layer, how often each token id goes to each expert, and the gates.
@@ -19,6 +21,7 @@ class RoutingCounts:
     self.num_experts, self.vocab_size = num_experts, vocab_size
     self.counts = np.zeros((num_experts, vocab_size), np.int64)  # [N, V]
     self.gate_sum = np.zeros(num_experts, np.float64)  # [N]
+    self.low_gate_count = 0  # tokens whose gate < LOW_GATE
 
   def add(self, token_ids: np.ndarray, expert_index: np.ndarray, gate: np.ndarray | None = None,
           mask: np.ndarray | None = None) -> None:
@@ -29,6 +32,7 @@ class RoutingCounts:
     self.counts += np.bincount(flat, minlength=self.num_experts * self.vocab_size).reshape(self.counts.shape)
     if gate is not None:
       self.gate_sum += np.bincount(expert_index[mask], weights=np.ravel(gate)[mask], minlength=self.num_experts)
+      self.low_gate_count += int(np.sum(np.ravel(gate)[mask] < LOW_GATE))
 
   def top_tokens(self, k: int, id_to_token: Callable[[int], str]) -> list[dict]:
     """Per expert: its token count, its share of all tokens and its k most frequent tokens
@@ -49,15 +53,20 @@ class RoutingCounts:
     return table
 
   def load_stats(self) -> dict:
-    """Per-expert load, its entropy in nats (log N when balanced) and the mean gate, overall and per expert."""
+    """Per-expert load, its entropy in nats (log N when balanced), the mean gate overall and per expert, and
+    the router-health metrics of the training log (``models.routing.routing_health``) over the counted tokens."""
     per_expert = self.counts.sum(axis=1)
     total = max(int(per_expert.sum()), 1)
     load = per_expert / total
+    entropy = float(scipy.stats.entropy(load)) if per_expert.sum() else 0.0
     return {
         "tokens": int(per_expert.sum()),
         "load": load.tolist(),
-        "load_entropy": float(scipy.stats.entropy(load)) if per_expert.sum() else 0.0,
+        "load_entropy": entropy,
         "max_entropy": float(np.log(self.num_experts)),
+        "load_balance": entropy / float(np.log(self.num_experts)) if self.num_experts > 1 else 1.0,
+        "max_load": float(load.max()),
+        "low_gate_fraction": self.low_gate_count / total,
         "mean_gate": float(self.gate_sum.sum() / total),
         "mean_gate_per_expert": (self.gate_sum / np.maximum(per_expert, 1)).tolist(),
     }

@@ -1,7 +1,8 @@
 """The analysis files of a run, in ``workdir/analysis/``.
 
   ``cohesion_{split}_step{N}.json`` / ``.md``: per layer and expert, the most frequent tokens (Table 7);
-  ``load_{split}_step{N}.json``: per layer, expert load, its entropy and the mean gate;
+  ``load_{split}_step{N}.json``: per layer, expert load, its entropy and balance, the mean gate and the share of
+  gates < 0.01 (the router-health metrics under the inference routing);
   ``fluctuation.json`` / ``fluctuation.png``: the fluctuation summary and curves of the run's records.
 All use the inference routing over every token of ``split``, except the fluctuation files, which read
 the routing records (training and inference routing of the fixed sample).
@@ -63,7 +64,9 @@ def write_report(exp, params, split: str, step: int) -> dict:
   load = {layer: c.load_stats() for layer, c in counts.items()}
   out_dir = exp.workdir / "analysis"
   result = {"step": step, "split": split, "analysis_dir": str(out_dir),
-            "load_entropy": {layer: stats["load_entropy"] for layer, stats in load.items()}}
+            "load_entropy": {layer: stats["load_entropy"] for layer, stats in load.items()},
+            "health": {layer: {name: stats[name] for name in ("mean_gate", "low_gate_fraction", "load_balance",
+                                                              "max_load")} for layer, stats in load.items()}}
   if jax.process_index() != 0:
     return result
   out_dir.mkdir(parents=True, exist_ok=True)

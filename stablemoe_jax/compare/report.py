@@ -27,6 +27,39 @@ def _mean_shares(shares: list[dict | None]) -> dict[str, float] | None:
   return {key: float(np.mean([s[key] for s in shares])) for key in shares[0]}
 
 
+# Per run: each health metric of its worst MoE layer (the one closest to dead), then the mean over seeds.
+_WORST = {"mean_gate": min, "low_gate_fraction": max, "load_balance": min, "max_load": max, "dropped_fraction": max}
+
+
+def _run_health(summary: dict) -> dict | None:
+  """One run's health cells: worst-layer metrics of its last logged window, the smallest layer contribution,
+  its dead layers; ``{"moe_layers": 0}`` for a dense model, None if the summary predates health reporting."""
+  health = summary.get("health")
+  if health is None:
+    return None
+  layers = health.get("layers", {})
+  contributions = health.get("contribution", {}).get("layers", {})
+  result = {"moe_layers": len(layers), "dead_layers": list(health.get("dead_layers", []))}
+  if layers:
+    result.update({name: worst(v[name] for v in layers.values()) for name, worst in _WORST.items()})
+  if contributions:
+    result["contribution"] = min(c["relative_perplexity_increase"] for c in contributions.values())
+  return result
+
+
+def _method_health(runs: list[dict]) -> dict | None:
+  """Mean over seeds of the runs' health cells, and ``dead`` = [(seed, layer), ...]; None if any run lacks them."""
+  per_run = [_run_health(r["summary"]) for r in runs]
+  if any(h is None for h in per_run):
+    return None
+  result = {"moe_layers": per_run[0]["moe_layers"],
+            "dead": [[r["seed"], layer] for r, h in zip(runs, per_run) for layer in h["dead_layers"]]}
+  for name in (*_WORST, "contribution"):
+    values = [h[name] for h in per_run if name in h]
+    result[name] = float(np.mean(values)) if values and len(values) == len(per_run) else None
+  return result
+
+
 def method_rows(records: list[dict]) -> list[dict]:
   """One dict per method (in run order) with every number of the table; extend a row with more keys freely."""
   rows: dict[str, dict] = {}
@@ -52,6 +85,7 @@ def method_rows(records: list[dict]) -> list[dict]:
         "distill_agreement_at_boundary": (float(np.mean(agreements)) if all(a is not None for a in agreements)
                                           else None),
         "fluctuation": _mean_shares([r.get("fluctuation") for r in runs]),
+        "health": _method_health(runs),
         "eval": summaries[0].get("eval"),
         "curve": _mean_curve([r["curve"] for r in runs]),
     })
@@ -67,9 +101,31 @@ def _ppl(row: dict, split: str) -> str:
   return f"{mean:.2f} ± {std:.2f}" if len(row["seeds"]) > 1 else f"{mean:.2f}"
 
 
+def _is_dead(row: dict) -> bool:
+  return bool(row.get("health") and row["health"]["dead"])
+
+
+def _health_cell(name: str, fmt: str) -> Callable[[dict], str]:
+  def cell(row: dict) -> str:
+    value = (row.get("health") or {}).get(name)
+    return "--" if value is None else format(value, fmt)
+  return cell
+
+
+def _health_verdict(row: dict) -> str:
+  health = row.get("health")
+  if health is None:
+    return "not recorded"
+  if not health["moe_layers"]:
+    return "no MoE layer"
+  if health["dead"]:
+    return "DEAD LAYER: " + ", ".join(f"{layer} (seed {seed})" for seed, layer in health["dead"])
+  return "ok"
+
+
 # (header, cell) per column of comparison.md; append a column here to extend the table.
 COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
-    ("method", lambda r: r["label"]),
+    ("method", lambda r: f"{r['label']} (DEAD LAYER)" if _is_dead(r) else r["label"]),
     ("shared params", lambda r: _millions(r["shared_params"])),
     ("expert params", lambda r: _millions(r["expert_params"])),
     ("FLOPs / token (fwd)", lambda r: _millions(r["flops_per_token"])),
@@ -81,6 +137,13 @@ COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
      else f"{r['distill_agreement_at_boundary']:.1%}"),
     ("tokens changing expert after 50% / 80% of training", lambda r: "--" if r["fluctuation"] is None
      else f"{r['fluctuation']['after_50']:.1%} / {r['fluctuation']['after_80']:.1%}"),
+    ("router health", _health_verdict),
+    ("mean gate", _health_cell("mean_gate", ".3f")),
+    ("gates < 0.01", _health_cell("low_gate_fraction", ".1%")),
+    ("load balance", _health_cell("load_balance", ".2f")),
+    ("max load", _health_cell("max_load", ".1%")),
+    ("dropped", _health_cell("dropped_fraction", ".1%")),
+    ("valid PPL increase without the layer", _health_cell("contribution", "+.2%")),
 ]
 
 
@@ -104,6 +167,24 @@ def _budget_note(config, rows: list[dict]) -> str:
           f"validation tokens whose distilled-router expert is the learned one, at the end of stage 1. "
           f"Tokens changing expert: of the recorded validation sample, the share whose expert in the routing used "
           f"for training last changed after 50% (80%) of the steps (routing fluctuation, the paper's Figures 2 and 8).\n")
+
+
+def _health_note(rows: list[dict]) -> str:
+  note = ("Router health (README \"Router health\"): mean gate, share of gates < 0.01, load balance (load entropy / "
+          "ln N), largest expert's load and dropped tokens are the last logged training window's, of the run's worst "
+          "MoE layer, mean over seeds; valid PPL increase without the layer: validation perplexity with that layer's "
+          "expert outputs set to zero against the real one (the least contributing layer; health.contribution_batches "
+          "validation batches). -- : the method has no MoE layer.\n")
+  dead = [row["label"] for row in rows if _is_dead(row)]
+  if dead:
+    note += (f"\n**DEAD LAYER** ({', '.join(dead)}): the collapse guard flagged a MoE layer of this method as "
+             f"collapsed (gate or load below the health thresholds after the warmup). Its perplexity is that of a "
+             f"dense model carrying a dead layer, not the method's result; do not compare it as one.\n")
+  unrecorded = [row["label"] for row in rows if row.get("health") is None]
+  if unrecorded:
+    note += (f"\nNo health recorded ({', '.join(unrecorded)}): runs finished before health reporting; delete their "
+             f"summary.json and rerun the comparison to resume them from their last checkpoint with it.\n")
+  return note
 
 
 def write_plot(rows: list[dict], path: pathlib.Path) -> None:
@@ -132,7 +213,7 @@ def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[di
   (workdir / "comparison.json").write_text(json.dumps(
       {"config": json.loads(config.to_json_best_effort()), "methods": rows, "runs": records}, indent=2))
   (workdir / "comparison.md").write_text(
-      "# Comparison\n\n" + _budget_note(config, rows) + "\n" + markdown_table(rows)
+      "# Comparison\n\n" + _budget_note(config, rows) + "\n" + markdown_table(rows) + "\n" + _health_note(rows)
       + "\n![validation perplexity against training wall time](convergence.png)\n")
   write_plot(rows, workdir / "convergence.png")
   return rows

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from stablemoe_jax.models import dispatch, experts, routers
-from stablemoe_jax.models.routing import METRICS, ROUTING, expert_load
+from stablemoe_jax.models.routing import METRICS, ROUTING, expert_load, routing_health
 
 SHUFFLE_RNG = "shuffle"  # the rng stream of the token shuffle before capacity (given by the train step)
 
@@ -75,10 +75,9 @@ class MoELayer(nn.Module):
     kept = slots.reshape(-1) < num_experts * capacity
     self.sow(METRICS, "load", expert_load(routing.expert_index, num_experts))
     self.sow(METRICS, "dropped_fraction", 1.0 - jnp.mean(kept.astype(jnp.float32)))
-    # Routing analysis: confidence and balance every step; per-token routing only when ROUTING is mutable.
-    self.sow(METRICS, "mean_gate", jnp.mean(routing.gate.astype(jnp.float32)))
-    load = expert_load(routing.expert_index, num_experts)
-    self.sow(METRICS, "load_entropy", jnp.sum(jax.scipy.special.entr(load)))  # nats; log N when balanced
+    # Router health (gate and load) every step; per-token routing only when ROUTING is mutable.
+    for name, value in routing_health(routing.expert_index, routing.gate, num_experts).items():
+      self.sow(METRICS, name, value)
     self.sow(ROUTING, "expert_index", routing.expert_index)
     self.sow(ROUTING, "gate", routing.gate)
     return out.reshape(batch, length, d)

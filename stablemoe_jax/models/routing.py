@@ -75,3 +75,31 @@ def stablemoe_balance_loss(scores: jax.Array, assignment: jax.Array, alpha: floa
 def expert_load(expert_index: jax.Array, num_experts: int) -> jax.Array:
   """Fraction of tokens sent to each expert: float32 [N] from int32 [T]."""
   return jnp.bincount(expert_index, length=num_experts).astype(jnp.float32) / expert_index.shape[0]
+
+
+LOW_GATE = 0.01  # a token whose gate is below this gets (almost) nothing from its expert
+
+
+def routing_health(expert_index: jax.Array, gate: jax.Array, num_experts: int) -> dict[str, jax.Array]:
+  """Health of one layer's routing of T tokens: float32 scalars, each sown as a metric by the MoE layer.
+
+  Args:
+    expert_index: int32 [T], the expert of each token.
+    gate: float [T], the multiplier on that expert's output.
+    num_experts: N.
+
+  Returns:
+    ``mean_gate``; ``low_gate_fraction`` (share of tokens with gate < ``LOW_GATE``); ``load_entropy``
+    (entropy of the per-expert load in nats, ln N when balanced); ``load_balance`` (that entropy / ln N,
+    in [0, 1]; 1 for N = 1); ``max_load`` (the largest expert's share of the tokens).
+  """
+  gate = gate.astype(jnp.float32)
+  load = expert_load(expert_index, num_experts)
+  entropy = jnp.sum(jax.scipy.special.entr(load))
+  return {
+      "mean_gate": jnp.mean(gate),
+      "low_gate_fraction": jnp.mean((gate < LOW_GATE).astype(jnp.float32)),
+      "load_entropy": entropy,
+      "load_balance": entropy / jnp.log(num_experts) if num_experts > 1 else jnp.ones(()),
+      "max_load": jnp.max(load),
+  }

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import sys
 import time
 from typing import Iterable
 
@@ -13,13 +14,15 @@ import numpy as np
 import tqdm
 
 from stablemoe_jax import tasks as tasks_lib
+from stablemoe_jax.analysis.contribution import experiment_contributions
 from stablemoe_jax.analysis.recorder import RoutingRecorder
 from stablemoe_jax.config_validation import check_backend, validate_config
 from stablemoe_jax.models import routers
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.train import checkpoint as ckpt_lib
-from stablemoe_jax.train.metrics import MetricWriter, last_logged
+from stablemoe_jax.train import health as health_lib
+from stablemoe_jax.train.metrics import MetricWriter, last_logged, read_metrics
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import TrainState, create_train_state, train_state_shardings
 from stablemoe_jax.train.step import jit_train_step, make_eval_step, make_routing_agreement_step
@@ -158,6 +161,19 @@ def _check_finite(loss: float, step: int, last_checkpoint: int | None) -> None:
     )
 
 
+def _handle_collapses(guard: health_lib.CollapseGuard, collapses: list[health_lib.Collapse],
+                      last_checkpoint: int | None, announce: bool = True) -> None:
+  """Acts on layers the guard has just flagged dead: one warning each (stderr), or CollapseError with "stop".
+
+  ``announce=False`` (verdicts replayed on resumption): the interrupted run has printed them already.
+  """
+  for collapse in collapses:
+    if guard.settings.on_collapse == "stop":
+      raise health_lib.CollapseError(health_lib.stop_message(collapse, last_checkpoint))
+    if announce and jax.process_index() == 0:
+      tqdm.tqdm.write(collapse.message(), file=sys.stderr)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
                        stop_at_step: int | None = None) -> dict:
   """Trains both stages, resuming from the latest checkpoint in ``workdir``, then evaluates.
@@ -185,16 +201,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   recorder.after_step(state, start)
   is_chief = jax.process_index() == 0
   writer = MetricWriter(exp.workdir, resume_step=start) if is_chief else None
+  guard = health_lib.CollapseGuard(health_lib.GuardSettings.from_config(cfg), start)
+  last_checkpoint = start if start else None
   # Training seconds (evaluations excluded) summed over this run and the runs it resumes.
   train_seconds = (last_logged(exp.workdir, "train_seconds", start) or 0.0) if start else 0.0
   train_step = exp.jit_train_step()
   tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
-  last_checkpoint = start if start else None
   started = mark = time.time()
   window_start, window_metrics = time.time(), []
   progress = tqdm.tqdm(total=train_cfg.steps, initial=start, desc="train", dynamic_ncols=True, mininterval=1.0,
                        disable=not is_chief)
   try:
+    if start:  # the verdict so far, from the windows logged up to the checkpoint (no window lost or counted twice)
+      _handle_collapses(guard, guard.replay(read_metrics(exp.workdir), start), last_checkpoint, announce=False)
     for step in range(start + 1, train_cfg.steps + 1):
       state, metrics = train_step(state, mesh_lib.to_global(next(train_iter), exp.mesh))
       recorder.after_step(state, step)
@@ -213,7 +232,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         if writer:
           writer.write(step, averaged)
         progress.set_postfix(loss=f"{averaged['task_loss']:.3f}", stage=int(averaged["stage"]),
-                             tok_s=f"{averaged['tokens_per_second']:.0f}")
+                             tok_s=f"{averaged['tokens_per_second']:.0f}", **health_lib.progress_summary(averaged))
+        _handle_collapses(guard, guard.observe(step, averaged), last_checkpoint)
         window_start, window_metrics = time.time(), []
       if step == train_cfg.stage1_steps and step != train_cfg.steps:
         train_seconds = train_seconds + time.time() - mark
@@ -249,6 +269,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         "eval": exp.eval_mode(),
         "valid": exp.evaluate(state.params, "valid"),
         "test": exp.evaluate(state.params, "test"),
+        "health": {**guard.summary(), "contribution": experiment_contributions(exp, state.params, "valid")},
     }
     summary.update(exp.task.final_report(exp, state.params))
     analysis = recorder.finish(state, train_cfg.steps)

@@ -1,0 +1,78 @@
+"""What each MoE layer contributes: the validation loss with that layer's expert outputs set to zero.
+
+An expert is a stack of pre-LN residual FFN sublayers ``y <- y + FFN_i(y)`` and the layer adds
+``gate * (stack(x) - x)`` (``experts.apply_ffn_experts``). With every sublayer's ``w_out`` and ``b_out``
+zero, each FFN_i outputs exactly 0 (dropout included: it only scales or zeroes that 0), so the stack
+is the identity, the expert output is exactly 0 and the layer passes every token unchanged: the
+model with the layer removed, with no other parameter changed.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stablemoe_jax.analysis.routes import sorted_layers
+from stablemoe_jax.train.health import DEFAULTS as HEALTH_DEFAULTS
+
+ZEROED = ("w_out", "b_out")  # the expert parameters that make every residual sublayer the identity
+
+
+def moe_layer_names(params: dict) -> list[str]:
+  """The MoE layers of a model's params in model order: ``moe_0``, ... (LM), ``encoder_moe_0``, ``decoder_moe_0``,
+  ... (translation); [] for a dense model."""
+  return sorted_layers([name for name, sub in params.items()
+                        if name.split("_", 1)[-1].startswith("moe_") or name.startswith("moe_")
+                        if isinstance(sub, dict) and "experts" in sub])
+
+
+def _zeros_like(leaf):
+  if isinstance(leaf, jax.Array):
+    return jax.device_put(jnp.zeros(leaf.shape, leaf.dtype), leaf.sharding)  # same layout: no recompilation
+  return np.zeros_like(leaf)
+
+
+def without_layer(params: dict, layer: str) -> dict:
+  """A copy of ``params`` (sharing every other leaf) in which MoE layer ``layer`` outputs exactly its input."""
+  if layer not in moe_layer_names(params):
+    raise KeyError(f"{layer!r} is not a MoE layer of these params; they have {moe_layer_names(params)}.")
+  experts = dict(params[layer]["experts"])
+  for name in ZEROED:
+    experts[name] = _zeros_like(experts[name])
+  return {**params, layer: {**params[layer], "experts": experts}}
+
+
+def layer_contributions(evaluate, params: dict, max_batches: int = 0) -> dict:
+  """The loss on the evaluated split with and without each MoE layer.
+
+  Args:
+    evaluate: ``(params, max_batches) -> {"loss", "perplexity", "tokens"}`` on one split (``Experiment.evaluate``
+      with its split bound); both losses of a layer are on the same batches.
+    params: the model's parameters.
+    max_batches: > 0: the first ``max_batches`` batches of the split; <= 0: all of it.
+
+  Returns:
+    ``{"batches", "tokens", "loss", "perplexity", "layers": {layer: {"loss_without_layer",
+    "perplexity_without_layer", "relative_perplexity_increase"}}}``; ``layers`` is {} for a dense model.
+    The relative increase is ``ppl_without / ppl - 1`` (0: the layer does nothing for the loss). A dense model
+    is not evaluated at all: its result has only ``batches`` and an empty ``layers``.
+  """
+  batches = max_batches if max_batches > 0 else "all"
+  if not moe_layer_names(params):
+    return {"batches": batches, "layers": {}}
+  full = evaluate(params, max_batches)
+  layers = {}
+  for layer in moe_layer_names(params):
+    ablated = evaluate(without_layer(params, layer), max_batches)
+    layers[layer] = {"loss_without_layer": ablated["loss"], "perplexity_without_layer": ablated["perplexity"],
+                     "relative_perplexity_increase": ablated["perplexity"] / full["perplexity"] - 1.0}
+  return {"batches": batches, "tokens": full["tokens"], "loss": full["loss"],
+          "perplexity": full["perplexity"], "layers": layers}
+
+
+def experiment_contributions(exp, params: dict, split: str = "valid") -> dict:
+  """:func:`layer_contributions` of a run on ``split``'s first ``health.contribution_batches`` batches."""
+  section = exp.config.get("health") or {}
+  max_batches = int(section.get("contribution_batches", HEALTH_DEFAULTS["contribution_batches"]))
+  result = layer_contributions(lambda p, n: exp.evaluate(p, split, n), params, max_batches)
+  return {"split": split, **result}

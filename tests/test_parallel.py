@@ -35,6 +35,7 @@ def run_tiny(ptb_dir, workdir, devices):
   return json.loads(result.stdout.split("SUMMARY")[-1])
 
 
+@pytest.mark.slow
 def test_two_device_data_parallel_run_matches_one_device(ptb_dir, tmp_path):
   one = run_tiny(ptb_dir, tmp_path / "one", devices=1)
   two = run_tiny(ptb_dir, tmp_path / "two", devices=2)
@@ -60,6 +61,7 @@ def test_two_process_launch_matches_single_process(ptb_dir, tmp_path):
   assert sorted(p.name for p in (tmp_path / "multi" / "checkpoints").iterdir() if p.name.isdigit()) == ["4", "8"]
 
 
+@pytest.mark.slow
 def test_microbatch_accumulation_matches_one_batch(tiny_config, tmp_path):
   # Without dropout, balance loss or dropped tokens a step's result cannot depend on how the batch is split.
   tiny_config.model.dropout = 0.0
@@ -81,6 +83,7 @@ def test_microbatch_accumulation_matches_one_batch(tiny_config, tmp_path):
   assert float(split[1]["grad_norm"]) == pytest.approx(float(whole[1]["grad_norm"]), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_microbatches_route_and_balance_per_microbatch(tiny_config, tmp_path):
   """With the balance loss on and tokens dropped, each microbatch routes, fills its capacity and takes its balance
   loss on its own rows. Reference: the one-batch step (microbatches=1) run on each microbatch's rows (m, m + M, ...)

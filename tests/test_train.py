@@ -112,6 +112,7 @@ def uninterrupted(ptb_dir, tmp_path_factory):
   return config, workdir, summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_after", [6, 9])  # resume from step 4 (stage 1) and from step 8 (stage 2)
 def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, tmp_path, kill_after):
   config, full_dir, full_summary = uninterrupted

@@ -2,12 +2,13 @@
 
 Computes, for one tiny model and one batch, on three layouts of the same devices (1 device;
 mesh.expert=4; data 2 x expert 2; all with G = 4 routing groups): the train-mode forward, every
-gradient leaf, three train steps and their metrics, the compiled HLO's collectives, plus the
-dispatcher-level capacity and token-order checks. Writes everything to ``OUT/layouts.npz`` and
-``OUT/summary.json`` for the test to compare.
+gradient leaf, three train steps and their metrics, the compiled HLO's collectives and the expert dropout
+across layouts. Writes everything to ``OUT/layouts.npz`` and ``OUT/summary.json`` for the test to compare.
+``ep_layouts_script.py OUT dispatcher`` runs only the dispatcher-level capacity and token-order checks (seconds).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 import re
@@ -102,9 +103,10 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, 
 
 
 def dispatcher_checks(summary: dict) -> None:
-  """all_to_all vs index on a marker expert function: which expert served each token, and in what order."""
-  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:4]).reshape(1, 4), sharding_lib.MESH_AXES)  # 2 experts a device
-  groups, group_size, capacity, d = 4, 12, 2, 3
+  """all_to_all vs index on a marker expert function: which expert served each token, and in what order, on a
+  1 x 4 mesh (2 experts a device) and a 2 x 2 one (data 2: the global group of a row depends on the data index),
+  2 groups a device on both."""
+  groups, group_size, capacity, d = 8, 12, 2, 3
   x = jax.random.normal(jax.random.key(0), (groups, group_size, d))
   marker_params = {"id": jnp.arange(EXPERTS, dtype=jnp.float32)[:, None]}  # [E, 1]: each expert knows its id
 
@@ -115,7 +117,9 @@ def dispatcher_checks(summary: dict) -> None:
             + 100 * (group_ids + 1)[None, :, None, None].astype(buffers.dtype))
 
   results = {}
-  for routing in ("random", "all_to_expert0"):
+  for (mesh_name, shape), routing in itertools.product(
+      {"expert4": (1, 4), "data2_expert2": (2, 2)}.items(), ("random", "all_to_expert0")):
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:4]).reshape(shape), sharding_lib.MESH_AXES)
     if routing == "random":
       index = jax.random.randint(jax.random.key(1), (groups, group_size), 0, EXPERTS)
     else:
@@ -128,7 +132,7 @@ def dispatcher_checks(summary: dict) -> None:
     kept = np.asarray(slots < EXPERTS * capacity)
     want = np.where(kept[..., None], 10 * np.asarray(x) + (np.asarray(index) + 1)[..., None]
                     + 100 * (np.arange(groups) + 1)[:, None, None], 0.0)
-    results[routing] = {
+    results[f"{mesh_name}/{routing}"] = {
         "a2a_vs_reference": float(np.abs(np.asarray(a2a) - want).max()),
         "index_vs_reference": float(np.abs(np.asarray(ref) - want).max()),
         "kept_per_group": kept.sum(axis=1).tolist(),
@@ -161,18 +165,23 @@ def dropout_checks(summary: dict) -> None:
   }
 
 
-def main(out: pathlib.Path) -> None:
+def main(out: pathlib.Path, part: str = "all") -> None:
+  """part "dispatcher": the dispatcher checks alone (seconds); "all": everything."""
+  if part == "dispatcher":
+    summary = {}
+    dispatcher_checks(summary)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 50, size=(8, 17)).astype(np.int32)
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((8, 16), np.float32)}
   arrays, summary = {}, {}
   for name, (devices, expert) in LAYOUTS.items():
     run_layout(name, devices, expert, batch, arrays, summary)
-  dispatcher_checks(summary)
   dropout_checks(summary)
   np.savez(out / "layouts.npz", **arrays)
   (out / "summary.json").write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
-  main(pathlib.Path(sys.argv[1]))
+  main(pathlib.Path(sys.argv[1]), *sys.argv[2:])

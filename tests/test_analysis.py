@@ -58,6 +58,12 @@ def test_summary_says_whether_stage2_routing_fluctuates():
   assert summary["last_fluctuation_step_max"] == 10 and summary["never_fluctuating"] == pytest.approx(1 / 3)
   summary = fluctuation.summarize(_records(STEPS, ASSIGNMENTS, stage1_steps=20), "train")["all_layers"]
   assert not summary["stage2_records_identical"] and summary["fluctuating_in_stage2"] == 0.5
+  # The record at the boundary step itself is stage 2's first (routed by the frozen table): a change between it and
+  # the next record is a stage-2 fluctuation, though the records after it agree.
+  moved_after_boundary = np.array([[0, 1, 2], [0, 1, 2], [0, 1, 2], [0, 2, 2], [0, 2, 2]])
+  summary = fluctuation.summarize(_records(STEPS, moved_after_boundary, stage1_steps=20), "train")["all_layers"]
+  assert not summary["stage2_records_identical"] and summary["fluctuating_in_stage2"] == pytest.approx(1 / 3)
+  assert summary["last_fluctuation_step_max"] == 20 and summary["never_fluctuating"] == pytest.approx(2 / 3)
   # A run whose stage 1 covers all of training has no stage-2 records to compare.
   summary = fluctuation.summarize(_records(STEPS, ASSIGNMENTS, stage1_steps=40))["all_layers"]
   assert summary["stage2_records_identical"] is None
@@ -96,7 +102,9 @@ def test_analysis_settings_are_validated(tiny_config):
 
 def _analysis_config(ptb_dir):
   from conftest import make_tiny_config
-  config = make_tiny_config(ptb_dir)  # 12 steps, stage 1 = steps 1-5, checkpoints every 4 steps
+  config = make_tiny_config(ptb_dir)  # 12 steps, checkpoints every 4 steps
+  # Stage 1 = updates 1-6, so the boundary step 6 is recorded: its record must already use the stage-2 routing.
+  config.train.stage1_steps = 6
   config.analysis.record_every, config.analysis.sample_tokens = 2, 1024
   return config
 
@@ -143,7 +151,7 @@ def test_stablemoe_training_routing_does_not_fluctuate_in_stage2(recorded_run):
   assert train_summary["all_layers"]["stage2_records_identical"]
   assert train_summary["all_layers"]["fluctuating_in_stage2"] == 0.0
   assert train_summary["all_layers"]["last_fluctuation_step_max"] < config.train.stage1_steps
-  assert summary["analysis"]["fluctuation"]["train"]["after_50"] == 0.0  # stage 1 is 5/12 = 42% of training
+  assert summary["analysis"]["fluctuation"]["train"]["after_50"] == 0.0  # stage 1 is 6/12 = 50% of training
   assert fluctuation.shares_from_workdir(workdir) == {
       k: train_summary["all_layers"][k] for k in ("after_20", "after_50", "after_80")}
 
@@ -184,7 +192,7 @@ def test_training_logs_gate_entropy_and_centroid_disagreement(recorded_run):
   for step, r in logged.items():
     assert 0.0 < r["moe/moe_0/mean_gate"] < 1.0
     assert 0.0 < r["moe/moe_0/load_entropy"] <= np.log(4) + 1e-6
-    if step <= 4:  # windows of stage-1 steps only: the centroids' argmax routes, nothing disagrees
+    if step <= 6:  # windows of stage-1 steps only: the centroids' argmax routes, nothing disagrees
       assert r["moe/moe_0/router/centroid_disagreement"] == 0.0
     if step >= 8:  # stage 2 only: the table routes, so disagreement with the argmax = 1 - distillation accuracy
       assert r["moe/moe_0/router/centroid_disagreement"] == pytest.approx(

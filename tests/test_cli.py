@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -87,7 +88,11 @@ TINY = tiny_flags(steps=40, stage1_steps=20, warmup_steps=4, log_every=5, checkp
 
 @pytest.mark.slow
 def test_kill_9_mid_run_then_rerun_matches_uninterrupted_run(ptb_dir, tmp_path):
-  """The resumed run and the evaluation get no corpus: they read the tokenizer and records in the workdir."""
+  """The resumed run and the evaluation get no corpus: they read the tokenizer and records in the workdir.
+
+  The kill lands while the run is still going (checked right before it, and by what the run left: no summary, no
+  step-40 checkpoint or log); the rerun must resume from the latest checkpoint on disk at that point and end with
+  the uninterrupted run's logged losses and perplexities."""
   env = {"STABLEMOE_DATA_DIR": str(ptb_dir)}
   no_corpus = {"STABLEMOE_DATA_DIR": str(tmp_path / "nowhere")}
   full = run_main(["--workdir", str(tmp_path / "full"), *TINY], env=env)
@@ -95,17 +100,28 @@ def test_kill_9_mid_run_then_rerun_matches_uninterrupted_run(ptb_dir, tmp_path):
   killed_dir = tmp_path / "killed"
   process = subprocess.Popen([*MAIN, "--workdir", str(killed_dir), *TINY], cwd=REPO, env={**os.environ, **env},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.time() + 300
-  while not (killed_dir / "checkpoints" / "15").exists() and time.time() < deadline:
+  deadline = time.monotonic() + 300
+  # The first checkpoint (step 5 of 40): 35 steps and the final evaluation are still to come.
+  while not (killed_dir / "checkpoints" / "5").exists() and time.monotonic() < deadline and process.poll() is None:
     time.sleep(0.05)
+  assert process.poll() is None, "the run ended before it could be killed"
   process.send_signal(signal.SIGKILL)
-  process.wait()
+  assert process.wait() == -signal.SIGKILL
+  saved = sorted(int(p.name) for p in (killed_dir / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved and saved[-1] < 40, saved
+  complete_lines = (killed_dir / "metrics.jsonl").read_text().split("\n")[:-1]  # a line cut by the kill is left out
+  logged = [json.loads(line)["step"] for line in complete_lines]
+  assert max(logged, default=0) < 40 and not (killed_dir / "summary.json").exists()
   resumed = run_main(["--workdir", str(killed_dir), *TINY], env=no_corpus)
   assert resumed.returncode == 0, resumed.stderr
-  assert "resumed from the checkpoint at step" in resumed.stdout
+  match = re.search(r"resumed from the checkpoint at step (\d+)", resumed.stdout)
+  assert match and int(match.group(1)) == saved[-1], resumed.stdout
   summary = lambda d: json.loads((d / "summary.json").read_text())
   assert summary(killed_dir)["valid"] == summary(tmp_path / "full")["valid"]
   assert summary(killed_dir)["test"] == summary(tmp_path / "full")["test"]
+  train_log = lambda d: [(r["step"], r["loss"]) for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+                         if "loss" in r]
+  assert train_log(killed_dir) == train_log(tmp_path / "full") and len(train_log(killed_dir)) == 8
   unset = {k: v for k, v in os.environ.items() if k != "STABLEMOE_DATA_DIR"}
   evaluated = subprocess.run([*MAIN, "--workdir", str(killed_dir), "--mode=eval", "--split=test", *TINY], cwd=REPO,
                              env=unset, capture_output=True, text=True, timeout=600)

@@ -10,7 +10,6 @@ import json
 import math
 import pathlib
 import shutil
-import time
 
 import ml_collections
 import numpy as np
@@ -108,9 +107,7 @@ def test_word_tokenizer_saves_and_reloads(ptb, prepared_dir, ptb_files):
 
 def test_sentencepiece_trains_deterministically_and_round_trips(shared_data, tmp_path):
   botchan = shared_data / 'botchan' / 'botchan.txt'
-  t0 = time.perf_counter()
   a = tokenizers.build_tokenizer('sentencepiece', botchan, tmp_path / 'a', vocab_size=500)
-  assert time.perf_counter() - t0 < 20
   b = tokenizers.SentencePieceTokenizer.from_file(botchan, 500)
   assert a.fingerprint() == b.fingerprint()  # Same model bytes.
   assert a.vocab_size == 500 and a.id_to_token(a.eos_id) == '</s>'
@@ -137,10 +134,8 @@ def test_builder_writes_array_record_and_prepares_once(ptb, prepared_dir, ptb_fi
   record_files = sorted(pathlib.Path(b.data_dir).glob('*.array_record*'))
   assert {f.name.split('-')[1].split('.')[0] for f in record_files} == {'train', 'valid', 'test'}
   mtimes = [f.stat().st_mtime_ns for f in record_files]
-  t0 = time.perf_counter()
   b.prepare()
-  assert time.perf_counter() - t0 < 1.0
-  assert [f.stat().st_mtime_ns for f in record_files] == mtimes
+  assert [f.stat().st_mtime_ns for f in record_files] == mtimes  # prepared once: the second call rewrites nothing
   assert b.info.splits['train'].num_examples == 42068
   assert b.info.splits['valid'].num_examples == 3370
   assert b.info.splits['test'].num_examples == 3761

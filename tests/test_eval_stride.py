@@ -49,6 +49,7 @@ def test_stride_equal_to_seq_len_gives_the_non_overlapping_rows():
       np.testing.assert_array_equal(sliding[i][key], rows[i][key])
 
 
+@pytest.mark.slow
 def test_sliding_evaluation_equals_a_per_window_reference(tiny_config, tmp_path):
   seq_len, stride, batch_size, max_batches = 16, 4, 8, 3
   tiny_config.eval.seq_len, tiny_config.eval.stride, tiny_config.eval.batch_size = seq_len, stride, batch_size

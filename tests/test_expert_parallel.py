@@ -84,16 +84,24 @@ def test_expert_parallel_step_has_two_all_to_alls_per_moe_layer_and_no_weight_ga
   assert summary["one_device/hlo"]["train_all_to_all"] == 0
 
 
-@pytest.mark.slow
-def test_all_to_all_capacity_per_group_and_token_order(layouts):
-  _, summary = layouts
-  # 8 experts on 4 devices (2 each), 4 groups of 12 tokens, C = 2; a marker expert returns
-  # 10 * row + (expert + 1) + 100 * (group + 1), so a row back from the wrong expert, group or place shows.
+@pytest.fixture(scope="module")
+def dispatcher_summary(tmp_path_factory):
+  out = tmp_path_factory.mktemp("dispatcher")
+  result = run_python(["tests/ep_layouts_script.py", str(out), "dispatcher"], devices=4, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads((out / "summary.json").read_text())["dispatcher"]
+
+
+@pytest.mark.parametrize("mesh", ["expert4", "data2_expert2"])
+def test_all_to_all_capacity_per_group_and_token_order(dispatcher_summary, mesh):
+  # 8 experts, 8 groups of 12 tokens (2 a device), C = 2, on a 1 x 4 and a 2 x 2 (data x expert) mesh. A marker
+  # expert returns 10 * row + (expert + 1) + 100 * (global group + 1); the reference is that formula in numpy for
+  # the first C tokens of each (group, expert), 0 for the others, so a wrong expert, group or place shows.
   for routing in ("random", "all_to_expert0"):
-    result = summary["dispatcher"][routing]
+    result = dispatcher_summary[f"{mesh}/{routing}"]
     assert result["a2a_vs_reference"] < 1e-4 and result["index_vs_reference"] < 1e-4, result
-  assert summary["dispatcher"]["all_to_expert0"]["kept_per_group"] == [2, 2, 2, 2]
-  assert summary["dispatcher"]["all_to_expert0"]["kept_are_first_c"]
+  assert dispatcher_summary[f"{mesh}/all_to_expert0"]["kept_per_group"] == [2] * 8
+  assert dispatcher_summary[f"{mesh}/all_to_expert0"]["kept_are_first_c"]
 
 
 @pytest.mark.slow

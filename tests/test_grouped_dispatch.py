@@ -44,15 +44,20 @@ def assert_same_as_index(x, slots, params, capacity, **kw):
   return out_g
 
 
-def per_token_experts(params, x, slots, capacity):
-  """The dispatcher's definition one token at a time in numpy: ``stack_e(x_t) - x_t`` if kept, else 0."""
+def per_token_experts(params, x, expert_index, capacity):
+  """The dispatcher's definition one token at a time in numpy: ``stack_e(x_t) - x_t`` if the token is among the
+  first ``capacity`` of its group to choose its expert, else 0 (the loop counts for itself; slots are not used)."""
   p = jax.tree.map(np.asarray, params)
-  x, slots = np.asarray(x).reshape(-1, D), np.asarray(slots).reshape(-1)
+  group_size = np.asarray(expert_index).shape[1]
+  x, expert_index = np.asarray(x).reshape(-1, D), np.asarray(expert_index).reshape(-1)
   out = np.zeros_like(x)
-  for t, slot in enumerate(slots):
-    if slot == E * capacity:
+  for t, e in enumerate(expert_index):
+    if t % group_size == 0:
+      seen = np.zeros(E, int)  # a new routing group
+    seen[e] += 1
+    if seen[e] > capacity:
       continue  # dropped
-    e, y = slot // capacity, x[t].copy()
+    y = x[t].copy()
     for s in range(S):
       z = (y - y.mean()) / np.sqrt(y.var() + 1e-5) * p["ln_scale"][e, s] + p["ln_bias"][e, s]
       y = y + np.maximum(z @ p["w_in"][e, s] + p["b_in"][e, s], 0) @ p["w_out"][e, s] + p["b_out"][e, s]
@@ -66,12 +71,14 @@ def test_grouped_equals_index_and_a_per_token_loop(groups, group_size, capacity_
   params = expert_params()
   x = jax.random.normal(jax.random.key(1), (groups, group_size, D))
   expert_index = jax.random.randint(jax.random.key(2), (groups, group_size), 0, E)
-  capacity = dispatch.expert_capacity(group_size, E, capacity_factor)
+  # ceil(cf * Tg / E) by hand: 3 (10 tokens, not divisible), 6, and no limit (cf 0)
+  capacity = {1.0: -(-group_size // E), 2.0: -(-2 * group_size // E), 0.0: group_size}[capacity_factor]
+  assert dispatch.expert_capacity(group_size, E, capacity_factor) == capacity
   slots = dispatch.group_slots(expert_index, E, capacity)
   if capacity_factor == 1.0:
     assert np.any(np.asarray(slots) == E * capacity)  # some tokens are dropped
   out = assert_same_as_index(x, slots, params, capacity, block_size=block_size)
-  np.testing.assert_allclose(np.asarray(out).reshape(-1, D), per_token_experts(params, x, slots, capacity),
+  np.testing.assert_allclose(np.asarray(out).reshape(-1, D), per_token_experts(params, x, expert_index, capacity),
                              rtol=1e-4, atol=1e-4)
 
 
@@ -92,8 +99,8 @@ def test_worst_block_padding_is_still_exact(case):
   assert len(np.unique(row)) == row.shape[0]  # one row per token
   x = jax.random.normal(jax.random.key(1), (groups, group_size, D))
   out = assert_same_as_index(x, slots, expert_params(), capacity, block_size=block)
-  np.testing.assert_allclose(np.asarray(out).reshape(-1, D), per_token_experts(expert_params(), x, slots, capacity),
-                             rtol=1e-4, atol=1e-4)
+  want = per_token_experts(expert_params(), x, expert_index, capacity)
+  np.testing.assert_allclose(np.asarray(out).reshape(-1, D), want, rtol=1e-4, atol=1e-4)
 
 
 def test_block_bound_is_tight_and_within_the_round_up_bound():

@@ -76,6 +76,7 @@ def without_remat():
   return params, *_loss_and_grads(_config(), params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", ["block", "block_dots_saveable"])
 def test_remat_gives_the_same_loss_and_gradients(remat, without_remat):
   """With dropout and the token shuffle on: the recomputed forward must draw the same random bits."""

@@ -73,15 +73,22 @@ def init_layer(cfg, tokens=12, seed=0):
   return layer, params, x, ids
 
 
+def test_expert_capacity_hand_computed_on_non_divisible_cases():
+  # ceil(cf * T / N), at least 1, at most T; cf <= 0: T. Hand values, most of them where T / N is not whole.
+  cases = {(10, 4, 1.0): 3, (10, 4, 2.0): 5, (7, 3, 1.0): 3, (12, 8, 1.25): 2, (24, 4, 0.75): 5, (8, 4, 0.75): 2,
+           (6, 4, 0.1): 1, (5, 2, 4.0): 5, (9, 4, 0.0): 9, (16, 4, 1.0): 4}
+  assert {k: dispatch.expert_capacity(*k) for k in cases} == cases
+
+
 @pytest.mark.parametrize("stage1", [True, False])
-@pytest.mark.parametrize("capacity_factor", [2.0, 0.5])
+@pytest.mark.parametrize("capacity_factor", [2.0, 0.75])  # C = 4 and 2 a group of 8, 12 and 5 a group of 24
 @pytest.mark.parametrize("num_groups, dispatcher", [(1, "index"), (3, "index"), (3, "one_hot"),
                                                   (1, "grouped"), (3, "grouped")])
 def test_layer_matches_per_token_loop(stage1, capacity_factor, num_groups, dispatcher):
   cfg = moe_config(capacity_factor=capacity_factor, num_groups=num_groups, dispatcher=dispatcher)
   layer, params, x, ids = init_layer(cfg, tokens=24)
   got = layer.apply({"params": params}, x, ids, jnp.array(stage1), deterministic=False)
-  capacity = dispatch.expert_capacity(24 // num_groups, E, capacity_factor)
+  capacity = {(2.0, 1): 12, (2.0, 3): 4, (0.75, 1): 5, (0.75, 3): 2}[capacity_factor, num_groups]  # ceil(cf * 24/G / 4)
   want = per_token_reference(params, np.asarray(x).reshape(24, D), np.asarray(ids).reshape(24), stage1, capacity,
                              num_groups)
   np.testing.assert_allclose(np.asarray(got).reshape(24, D), want, rtol=2e-4, atol=2e-4)
@@ -95,8 +102,7 @@ def test_capacity_overflow_passes_tokens_through():
   x = jnp.abs(x) + 1.0
   out, sown = layer.apply({"params": params}, x, ids, jnp.array(True), deterministic=False, mutable=["moe_metrics"])
   out, x = np.asarray(out).reshape(16, D), np.asarray(x).reshape(16, D)
-  capacity = dispatch.expert_capacity(16, E, 1.0)  # 4
-  assert capacity == 4
+  capacity = 4  # capacity factor 1: 16 tokens / 4 experts
   assert not np.allclose(out[:capacity], x[:capacity])  # the first four were served by expert 0
   np.testing.assert_array_equal(out[capacity:], x[capacity:])  # the other twelve passed through unchanged
   assert float(sown["moe_metrics"]["dropped_fraction"][0]) == pytest.approx(12 / 16)

@@ -35,6 +35,7 @@ def run_tiny(ptb_dir, workdir, devices):
   return json.loads(result.stdout.split("SUMMARY")[-1])
 
 
+@pytest.mark.slow
 def test_two_device_data_parallel_run_matches_one_device(ptb_dir, tmp_path):
   one = run_tiny(ptb_dir, tmp_path / "one", devices=1)
   two = run_tiny(ptb_dir, tmp_path / "two", devices=2)
@@ -60,6 +61,7 @@ def test_two_process_launch_matches_single_process(ptb_dir, tmp_path):
   assert sorted(p.name for p in (tmp_path / "multi" / "checkpoints").iterdir() if p.name.isdigit()) == ["4", "8"]
 
 
+@pytest.mark.slow
 def test_microbatch_accumulation_matches_one_batch(tiny_config, tmp_path):
   # Without dropout, balance loss or dropped tokens a step's result cannot depend on how the batch is split.
   tiny_config.model.dropout = 0.0
@@ -79,3 +81,44 @@ def test_microbatch_accumulation_matches_one_batch(tiny_config, tmp_path):
   assert any(not np.array_equal(a, a0) for a, a0 in zip(jax.tree.leaves(whole[0].params), initial))
   assert float(split[1]["task_loss"]) == pytest.approx(float(whole[1]["task_loss"]), rel=1e-5)
   assert float(split[1]["grad_norm"]) == pytest.approx(float(whole[1]["grad_norm"]), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_microbatches_route_and_balance_per_microbatch(tiny_config, tmp_path):
+  """With the balance loss on and tokens dropped, each microbatch routes, fills its capacity and takes its balance
+  loss on its own rows. Reference: the one-batch step (microbatches=1) run on each microbatch's rows (m, m + M, ...)
+  alone; the accumulated gradient is their mean, the logged losses and loads their means. SGD with learning rate 1
+  makes the gradient readable from the update."""
+  import optax
+  tiny_config.model.dropout = 0.0
+  tiny_config.model.moe.shuffle_tokens = False  # no rng in routing: the reference's step keys do not matter
+  tiny_config.model.moe.capacity_factor = 1.0  # 4 slots an expert per 16-token microbatch: tokens drop
+  tiny_config.model.moe.stablemoe.balance_alpha = 0.3
+  exp = loop.Experiment(tiny_config, tmp_path)
+  batch = next(exp.train_batches())
+  state = exp.init_state()
+  leaves, treedef = jax.tree.flatten(state.params)  # perturbed, so the zero-initialised experts matter
+  keys = jax.random.split(jax.random.key(3), len(leaves))
+  params = jax.tree.unflatten(treedef, [p + 0.1 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
+  sgd = optax.sgd(1.0)
+  state = state.replace(params=params, opt_state=sgd.init(params))
+
+  def gradient_and_metrics(config, rows):
+    new_state, metrics = jax.jit(make_train_step(exp.model, sgd, config))(state, rows)
+    grads = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64), params, new_state.params)
+    return grads, jax.device_get(metrics)
+
+  whole_grads, _ = gradient_and_metrics(tiny_config, batch)
+  parts = [gradient_and_metrics(tiny_config, jax.tree.map(lambda x: x[m::2], batch)) for m in range(2)]
+  micro = tiny_config.copy_and_resolve_references()
+  micro.train.microbatches = 2
+  got_grads, got = gradient_and_metrics(micro, batch)
+  want_grads = jax.tree.map(lambda a, b: (a + b) / 2, parts[0][0], parts[1][0])
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-6), got_grads, want_grads)
+  for name in ("task_loss", "aux/balance", "aux/distill", "moe/moe_0/load", "moe/moe_0/dropped_fraction"):
+    np.testing.assert_allclose(got[name], (parts[0][1][name] + parts[1][1][name]) / 2, rtol=1e-5, err_msg=name)
+  assert min(parts[0][1]["moe/moe_0/dropped_fraction"], parts[1][1]["moe/moe_0/dropped_fraction"]) > 0
+  assert got["aux/balance"] != 0
+  # ... and per-microbatch routing matters here: the one-batch gradient differs.
+  assert any(not np.allclose(a, b, rtol=1e-3, atol=1e-6)
+             for a, b in zip(jax.tree.leaves(whole_grads), jax.tree.leaves(want_grads)))

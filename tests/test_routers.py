@@ -63,6 +63,105 @@ def test_switch_jitter_only_in_training_and_z_loss_off_by_default():
   assert set(sown["aux_loss"]) == {"balance"}
 
 
+# --- auxiliary losses: values and gradients through the router, against numpy closed forms ------------------------
+
+def _sigmoid(v):
+  return 1 / (1 + np.exp(-v))
+
+
+def randomized_like(params, seed=5):
+  """Every parameter replaced by N(0, 0.5) noise."""
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(treedef, [0.5 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
+
+
+def _router_loss_grads(router, params, h, ids, name):
+  """d aux_loss[name] / d(centroids, h) through the whole router call (as the train step differentiates it)."""
+  def loss(centroids, h):
+    _, sown = apply_router(router, {**params, "centroids": centroids}, h, ids)
+    return sown["aux_loss"][name][0]
+  return jax.value_and_grad(loss, argnums=(0, 1))(params["centroids"], h)
+
+
+def test_stablemoe_balance_loss_gradient_through_the_router_matches_numpy_closed_form():
+  """Reference: L = alpha / T * sum_t c_{a_t} sigmoid(s_{t a_t}), c_i = (|A_i| - T/N) / (T/N), s = h E^T, so
+  dL/dE_i = alpha / T * c_i * sum_{t in A_i} sigma'(s_ti) h_t and dL/dh_t = alpha / T * c_{a_t} sigma'(s_{t a_t}) E_{a_t}."""
+  tokens, experts, d, alpha = 24, 4, 6, 0.3
+  router = routers.StableMoERouter(num_experts=experts, vocab_size=7, distill_dim=3, balance_alpha=alpha)
+  h = jax.random.normal(jax.random.key(0), (tokens, d))
+  ids = jax.random.randint(jax.random.key(1), (tokens,), 0, 7)
+  params = router.init(jax.random.key(2), h, ids, jnp.array(True))["params"]
+  skew = jnp.zeros((experts, d)).at[0].set(0.8)  # an unbalanced assignment: non-zero coefficients c_i
+  params = {**params, "centroids": params["centroids"] * 10 + skew}
+  value, (grad_e, grad_h) = _router_loss_grads(router, params, h, ids, "balance")
+  hn, en = np.asarray(h, np.float64), np.asarray(params["centroids"], np.float64)
+  s = hn @ en.T
+  a = s.argmax(-1)
+  counts = np.bincount(a, minlength=experts)
+  mean = tokens / experts
+  c = (counts - mean) / mean
+  assert np.abs(c).max() > 0.2  # the test needs an unbalanced routing
+  picked = s[np.arange(tokens), a]
+  np.testing.assert_allclose(value, alpha / tokens * np.sum(c[a] * _sigmoid(picked)), rtol=1e-5)
+  dsig = _sigmoid(picked) * (1 - _sigmoid(picked))
+  want_e = np.zeros_like(en)
+  np.add.at(want_e, a, (alpha / tokens * c[a] * dsig)[:, None] * hn)
+  want_h = (alpha / tokens * c[a] * dsig)[:, None] * en[a]
+  np.testing.assert_allclose(grad_e, want_e, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(grad_h, want_h, rtol=1e-4, atol=1e-7)
+  assert np.abs(want_e).max() > 1e-3 and np.abs(want_h).max() > 1e-3
+
+
+def test_switch_balance_and_z_loss_gradients_through_the_router_match_numpy_closed_forms():
+  """Reference, with p = softmax(s), s = h E^T, f the (constant) assigned fractions, z_t = logsumexp(s_t):
+  balance B = w N sum_i f_i mean_t p_ti has dB/ds_tk = w N / T * p_tk (f_k - sum_i f_i p_ti);
+  z-loss Z = w_z mean_t z_t^2 has dZ/ds_tk = 2 w_z / T * z_t p_tk; then d/dE = (d/ds)^T h and d/dh = (d/ds) E."""
+  tokens, experts, d, w, wz = 20, 4, 5, 0.5, 0.1
+  router = LearnedRouter(num_experts=experts, policy=SwitchSoftmax(balance_weight=w, z_loss_weight=wz),
+                         centroid_gain=0.0)
+  h = jax.random.normal(jax.random.key(3), (tokens, d))
+  params = {"centroids": jax.random.normal(jax.random.key(4), (experts, d)) + jnp.zeros((experts, d)).at[1].set(0.7)}
+  hn, en = np.asarray(h, np.float64), np.asarray(params["centroids"], np.float64)
+  s = hn @ en.T
+  p = np.exp(s - s.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  f = np.bincount(s.argmax(-1), minlength=experts) / tokens
+  z = np.log(np.exp(s).sum(-1))
+  ds = {"balance": w * experts / tokens * p * (f[None, :] - (p @ f)[:, None]),
+        "z_loss": 2 * wz / tokens * z[:, None] * p}
+  values = {"balance": w * experts * np.sum(f * p.mean(0)), "z_loss": wz * np.mean(z**2)}
+  for name in ("balance", "z_loss"):
+    value, (grad_e, grad_h) = _router_loss_grads(router, params, h, None, name)
+    np.testing.assert_allclose(value, values[name], rtol=1e-5)
+    np.testing.assert_allclose(grad_e, ds[name].T @ hn, rtol=1e-4, atol=1e-7, err_msg=name)
+    np.testing.assert_allclose(grad_h, ds[name] @ en, rtol=1e-4, atol=1e-7, err_msg=name)
+    assert np.abs(ds[name]).max() > 1e-3
+
+
+@pytest.mark.parametrize("router_name", ["stablemoe", "switch_fixed"])
+def test_distillation_loss_is_weighted_by_distill_weight(router_name):
+  """Reference: distill_weight (0.3, set in the config as a user would) x the numpy cross-entropy of the distilled
+  router's logits (embedding @ centroids^T of each token id) against the greedy expert of the centroids."""
+  tokens, experts, d, vocab, weight = 16, 4, 6, 9, 0.3
+  moe = default.get_config().model.moe
+  moe.num_experts, moe.distilled_router.dim, moe.distilled_router.distill_weight = experts, 3, weight
+  if router_name == "switch_fixed":
+    moe.router, moe.switch.fixed_routing = "switch", True
+  router = routers.make_router(moe, vocab_size=vocab)
+  h = jax.random.normal(jax.random.key(0), (tokens, d))
+  ids = jax.random.randint(jax.random.key(1), (tokens,), 0, vocab)
+  params = randomized_like(router.init(jax.random.key(2), h, ids, jnp.array(True))["params"])
+  _, sown = apply_router(router, params, h, ids, deterministic=True)
+  distilled = jax.tree.map(lambda a: np.asarray(a, np.float64), params["distilled_router"])
+  logits = distilled["embedding"][np.asarray(ids)] @ distilled["centroids"].T
+  target = np.argmax(np.asarray(h, np.float64) @ np.asarray(params["centroids"], np.float64).T, axis=-1)
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  cross_entropy = -np.mean(log_probs[np.arange(tokens), target])
+  assert float(sown["aux_loss"]["distill"][0]) == pytest.approx(weight * cross_entropy, rel=1e-5)
+  assert float(sown["moe_metrics"]["distill_loss"][0]) == pytest.approx(cross_entropy, rel=1e-5)  # unweighted
+
+
 # --- BASE --------------------------------------------------------------------------------------------------------
 
 def scipy_optimum(a):

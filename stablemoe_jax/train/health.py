@@ -108,7 +108,8 @@ class Collapse:
     return (f"ROUTER HEALTH: MoE layer {self.layer} (router {self.router!r}) is dead at step {self.step}: "
             f"{'; '.join(self.reasons)}, in {self.windows} consecutive log windows "
             f"(last window: {numbers}). The layer adds almost nothing: from here on the run is a dense model "
-            f"carrying a dead layer, and its perplexity is not this method's result. Likely cures: a lower "
+            f"carrying a dead layer, and its perplexity is not this method's result. Likely cures: "
+            f"{'--config.model.moe.stablemoe.balance_scope=all, ' if self.router == 'stablemoe' else ''}a lower "
             f"--config.train.learning_rate, a longer --config.train.warmup_steps, or the balance-loss settings "
             f"(model.moe.stablemoe.balance_alpha, model.moe.switch.balance_weight); see {README_SECTION}.")
 

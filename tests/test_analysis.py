@@ -190,8 +190,12 @@ def test_training_logs_gate_entropy_and_centroid_disagreement(recorded_run):
   logged = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   logged = {r["step"]: r for r in logged if "loss" in r}
   for step, r in logged.items():
-    assert 0.0 < r["moe/moe_0/mean_gate"] < 1.0
-    assert 0.0 < r["moe/moe_0/load_entropy"] <= np.log(4) + 1e-6
+    # Alive: the paper-scope collapse (README "Router health") drives this to ~0 (2e-7 passed the old range check).
+    assert r["moe/moe_0/mean_gate"] >= 0.3, (step, r["moe/moe_0/mean_gate"])
+    # Window means of per-step values: balance = entropy / ln 4 exactly; the mean of per-step maxima is at least
+    # the largest window-mean load (Jensen), which is at least 1/4.
+    assert r["moe/moe_0/load_balance"] == pytest.approx(r["moe/moe_0/load_entropy"] / np.log(4), rel=1e-5)
+    assert 1.0 >= r["moe/moe_0/max_load"] >= max(r["moe/moe_0/load"]) - 1e-6 >= 0.25 - 1e-6
     if step <= 6:  # windows of stage-1 steps only: the centroids' argmax routes, nothing disagrees
       assert r["moe/moe_0/router/centroid_disagreement"] == 0.0
     if step >= 8:  # stage 2 only: the table routes, so disagreement with the argmax = 1 - distillation accuracy

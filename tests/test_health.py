@@ -346,9 +346,11 @@ def _workdir(tmp_path, shared_data):
 
 
 def _collapsing_config(ptb_dir):
-  """A tiny StableMoE built to collapse: balance loss x 3000 and 10x the learning rate, all of it stage 1."""
+  """A tiny StableMoE built to collapse: the paper's balance scope (README "Router health"), the balance loss
+  x 3000 and 10x the learning rate, all of it stage 1."""
   from conftest import make_tiny_config
   config = make_tiny_config(ptb_dir)
+  config.model.moe.stablemoe.balance_scope = "assigned"
   config.model.moe.stablemoe.balance_alpha = 1000.0
   config.train.learning_rate = 0.03
   config.train.steps, config.train.stage1_steps = 16, 16
@@ -398,6 +400,7 @@ def test_stop_on_collapse_exits_with_status_2_from_the_command_line(ptb_dir, tmp
   from conftest import MAIN, REPO, tiny_flags
   flags = [*tiny_flags(steps=16, stage1_steps=16, warmup_steps=2, log_every=2, checkpoint_every=4),
            "--config.model.moe.distilled_router.dim=8", "--config.train.learning_rate=0.03",
+           "--config.model.moe.stablemoe.balance_scope=assigned",
            "--config.model.moe.stablemoe.balance_alpha=1000", "--config.analysis.record_every=0",
            "--config.health.on_collapse=stop"]
   result = subprocess.run([*MAIN, "--workdir", str(tmp_path), *flags], cwd=REPO, capture_output=True, text=True,

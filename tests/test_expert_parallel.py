@@ -59,9 +59,9 @@ def test_forward_gradients_and_three_steps_match_one_device(layouts):
   assert _compare(arrays, "params", rtol=1e-4, atol=2e-4) > 20
   # Balance loss, per-expert loads and dropped fractions of every MoE layer, at every one of the three steps.
   assert _compare(arrays, "metrics", rtol=1e-5, atol=1e-6) >= 3 * (4 + 2 * 3)
-  # What each MoE layer sows: balance and distillation losses; load, dropped fraction, load entropy, mean gate;
-  # distillation loss and accuracy, centroid disagreement.
-  assert _compare(arrays, "sown", rtol=1e-5, atol=1e-7) == 9 * 3
+  # What each MoE layer sows: balance and distillation losses; load, dropped fraction, load entropy, mean gate,
+  # low-gate fraction, load balance, max load (router health); distillation loss and accuracy, centroid disagreement.
+  assert _compare(arrays, "sown", rtol=1e-5, atol=1e-7) == 12 * 3
   for name in [k for k in arrays.files if k.startswith("one_device/") and ("load" in k or "dropped" in k)]:
     for layout in LAYOUTS:  # counts of tokens: exactly equal
       np.testing.assert_array_equal(arrays[name.replace("one_device/", f"{layout}/")], arrays[name], err_msg=name)

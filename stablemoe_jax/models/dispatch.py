@@ -57,7 +57,7 @@ def _positions(expert_index: jax.Array, num_experts: int) -> jax.Array:
 
 
 def group_slots(expert_index: jax.Array, num_experts: int, capacity: int,
-                shuffle_rng: jax.Array | None = None) -> jax.Array:
+                shuffle_rng: jax.Array | None = None, valid: jax.Array | None = None) -> jax.Array:
   """Slot of every token in its group's flattened ``[E * C]`` buffer.
 
   Args:
@@ -66,11 +66,15 @@ def group_slots(expert_index: jax.Array, num_experts: int, capacity: int,
     capacity: C, slots per (group, expert).
     shuffle_rng: if given, positions are assigned in a random order within each group (one
       permutation per group from ``fold_in(shuffle_rng, group)``), so overflow drops random tokens.
+    valid: bool [G, Tg] or None: tokens with False (padding) take no slot and displace no real token.
 
   Returns:
-    int32 [G, Tg]: ``expert * C + position`` for kept tokens, ``E * C`` for dropped ones.
+    int32 [G, Tg]: ``expert * C + position`` for kept tokens, ``E * C`` for dropped (or invalid) ones.
   """
   groups, group_size = expert_index.shape
+  if valid is not None:  # padding queues at an extra expert E, whose slots are then discarded
+    slots = group_slots(jnp.where(valid, expert_index, num_experts), num_experts + 1, capacity, shuffle_rng)
+    return jnp.where(valid & (slots < num_experts * capacity), slots, num_experts * capacity).astype(jnp.int32)
   if shuffle_rng is None:
     position = jax.vmap(_positions, in_axes=(0, None))(expert_index, num_experts)
   else:

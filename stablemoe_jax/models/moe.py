@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from stablemoe_jax.models import dispatch, experts, routers
-from stablemoe_jax.models.routing import METRICS, ROUTING, expert_load, routing_health
+from stablemoe_jax.models.routing import METRICS, ROUTING, expert_load, masked_mean, routing_health
 
 SHUFFLE_RNG = "shuffle"  # the rng stream of the token shuffle before capacity (given by the train step)
 
@@ -45,13 +45,20 @@ class MoELayer(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, token_ids: jax.Array, in_stage1: jax.Array,
-               deterministic: bool = True) -> jax.Array:
-    """x [B, S, d], token_ids int32 [B, S], in_stage1 bool scalar -> [B, S, d]."""
+               deterministic: bool = True, token_mask: jax.Array | None = None) -> jax.Array:
+    """x [B, S, d], token_ids int32 [B, S], in_stage1 bool scalar -> [B, S, d].
+
+    ``token_mask`` bool [B, S] (None: every token is real): False marks padding, which takes no expert
+    capacity, passes unchanged, and counts in no routing loss or metric.
+    """
     cfg = self.moe_config
     num_experts = cfg.num_experts
     batch, length, d = x.shape
     h = x.reshape(batch * length, d)
-    routing = routers.make_router(cfg, vocab_size=self.vocab_size)(h, token_ids, in_stage1, deterministic)
+    valid = None if token_mask is None else token_mask.reshape(-1)
+    weights = None if valid is None else valid.astype(jnp.float32)
+    routing = routers.make_router(cfg, vocab_size=self.vocab_size)(h, token_ids, in_stage1, deterministic,
+                                                                   token_mask=weights)
 
     groups = 1 if self.is_initializing() else cfg.get("num_groups", 1)  # init's sample batch may be tiny
     if h.shape[0] % groups:
@@ -61,7 +68,8 @@ class MoELayer(nn.Module):
     capacity = dispatch.expert_capacity(group_size, num_experts, capacity_factor)
     shuffle = cfg.get("shuffle_tokens", False) and not deterministic and self.has_rng(SHUFFLE_RNG)
     slots = dispatch.group_slots(routing.expert_index.reshape(groups, group_size), num_experts, capacity,
-                                 self.make_rng(SHUFFLE_RNG) if shuffle else None)
+                                 self.make_rng(SHUFFLE_RNG) if shuffle else None,
+                                 None if valid is None else valid.reshape(groups, group_size))
 
     expert_params = experts.FFNExperts(num_experts, self.num_sublayers, self.d_ff, name="experts")(d)
     dropout_rng = self.make_rng("dropout") if self.dropout > 0 and not deterministic else None
@@ -73,10 +81,10 @@ class MoELayer(nn.Module):
                             expert_fn=expert_fn, num_experts=num_experts, capacity=capacity).reshape(-1, d)
     out = h + routing.gate[:, None].astype(h.dtype) * expert_out
     kept = slots.reshape(-1) < num_experts * capacity
-    self.sow(METRICS, "load", expert_load(routing.expert_index, num_experts))
-    self.sow(METRICS, "dropped_fraction", 1.0 - jnp.mean(kept.astype(jnp.float32)))
+    self.sow(METRICS, "load", expert_load(routing.expert_index, num_experts, weights))
+    self.sow(METRICS, "dropped_fraction", 1.0 - masked_mean(kept.astype(jnp.float32), weights))
     # Router health (gate and load) every step; per-token routing only when ROUTING is mutable.
-    for name, value in routing_health(routing.expert_index, routing.gate, num_experts).items():
+    for name, value in routing_health(routing.expert_index, routing.gate, num_experts, weights).items():
       self.sow(METRICS, name, value)
     self.sow(ROUTING, "expert_index", routing.expert_index)
     self.sow(ROUTING, "gate", routing.gate)

@@ -1,8 +1,9 @@
 """Routing methods, looked up by name in ``ROUTERS``.
 
 Every router is a Flax module called as
-``router(h [T, d], token_ids int32 [B, S] (or [T]), in_stage1 bool scalar, deterministic bool) -> Routing``
-(T = B * S; ``deterministic`` is false only in training). Its settings are the
+``router(h [T, d], token_ids int32 [B, S] (or [T]), in_stage1 bool scalar, deterministic bool,
+token_mask=None) -> Routing`` (T = B * S; ``deterministic`` is false only in training; ``token_mask``
+float32 [T], 1 for a real token and 0 for padding, which then counts in no loss and no metric). Its settings are the
 config section ``model.moe.<name>``; auxiliary losses are sown into ``aux_loss``
 under their own names and logged by the train step as ``aux/<name>``.
 
@@ -35,7 +36,8 @@ import numpy as np
 
 from stablemoe_jax.models import distill
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
-from stablemoe_jax.models.routing import AUX_LOSS, BALANCE_SCOPES, METRICS, Routing, stablemoe_balance_loss
+from stablemoe_jax.models.routing import (AUX_LOSS, BALANCE_SCOPES, METRICS, Routing, masked_mean,
+                                          stablemoe_balance_loss)
 
 
 # --- policies: affinities -> assignment, gate, losses -------------------------------------------------------------
@@ -44,7 +46,8 @@ from stablemoe_jax.models.routing import AUX_LOSS, BALANCE_SCOPES, METRICS, Rout
 class GreedySigmoid:
   """A policy has ``assign(scores [T, N], deterministic, needed) -> (int32 [T], metrics)`` (``needed``: bool
   scalar, false where only a cheap stand-in is wanted), ``gate(scores, index) -> [T]``
-  and ``losses(scores, assignment) -> {name: scalar}``.
+  and ``losses(scores, assignment, weights) -> {name: scalar}`` (``weights`` float32 [T] or None: the
+  real tokens, over which the losses are taken).
 
   This one is StableMoE stage 1: greedy top-1, gate ``sigmoid(s[t, e_t])``, balance loss weighted by
   ``balance_alpha`` over the gates of ``balance_scope`` (see ``routing.stablemoe_balance_loss``).
@@ -60,19 +63,21 @@ class GreedySigmoid:
   def gate(self, scores, expert_index):
     return jax.nn.sigmoid(jnp.take_along_axis(scores, expert_index[:, None], axis=-1)[:, 0])
 
-  def losses(self, scores, assignment):
-    return {"balance": stablemoe_balance_loss(scores, assignment, self.balance_alpha, self.balance_scope)}
+  def losses(self, scores, assignment, weights=None):
+    return {"balance": stablemoe_balance_loss(scores, assignment, self.balance_alpha, self.balance_scope, weights)}
 
 
-def switch_balance_loss(probs: jax.Array, assignment: jax.Array) -> jax.Array:
+def switch_balance_loss(probs: jax.Array, assignment: jax.Array, weights: jax.Array | None = None) -> jax.Array:
   """Switch Transformer's load-balancing loss ``N * sum_i f_i * P_i``.
 
   f_i: fraction of the T tokens assigned to expert i (no gradient); P_i: mean router
-  probability of expert i. probs float32 [T, N], assignment int32 [T] -> scalar (1 when uniform).
+  probability of expert i. probs float32 [T, N], assignment int32 [T], weights float32 [T] or None
+  (the real tokens, over which f and P are taken) -> scalar (1 when uniform).
   """
   num_experts = probs.shape[-1]
-  fraction = jnp.mean(jax.nn.one_hot(assignment, num_experts, dtype=jnp.float32), axis=0)
-  return num_experts * jnp.sum(jax.lax.stop_gradient(fraction) * jnp.mean(probs, axis=0))
+  token_weights = None if weights is None else weights[:, None]
+  fraction = masked_mean(jax.nn.one_hot(assignment, num_experts, dtype=jnp.float32), token_weights, axis=0)
+  return num_experts * jnp.sum(jax.lax.stop_gradient(fraction) * masked_mean(probs, token_weights, axis=0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,17 +95,20 @@ class SwitchSoftmax:
     probs = jax.nn.softmax(scores, axis=-1)
     return jnp.take_along_axis(probs, expert_index[:, None], axis=-1)[:, 0]
 
-  def losses(self, scores, assignment):
-    losses = {"balance": self.balance_weight * switch_balance_loss(jax.nn.softmax(scores, axis=-1), assignment)}
+  def losses(self, scores, assignment, weights=None):
+    losses = {"balance": self.balance_weight * switch_balance_loss(
+        jax.nn.softmax(scores, axis=-1), assignment, weights)}
     if self.z_loss_weight > 0:
-      losses["z_loss"] = self.z_loss_weight * jnp.mean(jnp.square(jax.nn.logsumexp(scores, axis=-1)))
+      losses["z_loss"] = self.z_loss_weight * masked_mean(jnp.square(jax.nn.logsumexp(scores, axis=-1)), weights)
     return losses
 
 
 @dataclasses.dataclass(frozen=True)
 class BalancedAssignment:
   """BASE Layer: in training, each group of T / num_groups tokens is split exactly evenly over the experts
-  with maximal total affinity (``balanced_assignment``); greedy at inference; sigmoid gate; no loss."""
+  with maximal total affinity (``balanced_assignment``); greedy at inference; sigmoid gate; no loss.
+  Padding tokens take part in the auction (they hold places in its balance), but the MoE layer gives
+  them no capacity slot and counts them in no metric."""
 
   num_groups: int = 1
   epsilon: float = 1e-2
@@ -130,7 +138,7 @@ class BalancedAssignment:
   def gate(self, scores, expert_index):
     return jax.nn.sigmoid(jnp.take_along_axis(scores, expert_index[:, None], axis=-1)[:, 0])
 
-  def losses(self, scores, assignment):
+  def losses(self, scores, assignment, weights=None):
     return {}
 
 
@@ -184,8 +192,9 @@ class LearnedRouter(nn.Module):
 
   @nn.compact
   def __call__(self, h: jax.Array, token_ids: jax.Array, in_stage1: jax.Array,
-               deterministic: bool = True) -> Routing:
-    """h [T, d], token_ids int32 [B, S] or [T], in_stage1 bool scalar -> Routing over T tokens."""
+               deterministic: bool = True, token_mask: jax.Array | None = None) -> Routing:
+    """h [T, d], token_ids int32 [B, S] or [T], in_stage1 bool scalar, token_mask float32 [T] or None
+    -> Routing over T tokens."""
     init = (nn.initializers.orthogonal(self.centroid_gain) if self.centroid_gain > 0 else
             nn.initializers.variance_scaling(0.1, "fan_in", "truncated_normal", in_axis=-1, out_axis=-2))
     centroids = self.param("centroids", init, (self.num_experts, h.shape[-1]), jnp.float32)
@@ -197,7 +206,7 @@ class LearnedRouter(nn.Module):
         scores, deterministic, needed=True if self.distilled is None else jnp.asarray(in_stage1))
     for name, value in policy_metrics.items():
       self.sow(METRICS, name, value)
-    losses = self.policy.losses(scores, learned)
+    losses = self.policy.losses(scores, learned, token_mask)
     expert_index = learned
     if self.distilled is not None:
       logits = distill.make_distilled_router(
@@ -206,14 +215,16 @@ class LearnedRouter(nn.Module):
       expert_index = jnp.where(in_stage1, learned, distilled).astype(jnp.int32)
       stage1 = jnp.asarray(in_stage1, jnp.float32)
       target = jax.lax.stop_gradient(learned)
-      distill_loss = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), target[:, None], axis=-1))
+      distill_loss = -masked_mean(
+          jnp.take_along_axis(jax.nn.log_softmax(logits), target[:, None], axis=-1)[:, 0], token_mask)
       losses = {name: stage1 * value for name, value in losses.items()}
       losses["distill"] = stage1 * self.distill_weight * distill_loss
       self.sow(METRICS, "distill_loss", distill_loss)
-      self.sow(METRICS, "distill_accuracy", jnp.mean((distilled == learned).astype(jnp.float32)))
+      self.sow(METRICS, "distill_accuracy", masked_mean((distilled == learned).astype(jnp.float32), token_mask))
       # Routing analysis: share of tokens routed elsewhere than the centroids' argmax (0 in stage 1 for StableMoE).
       greedy = jnp.argmax(scores, axis=-1)
-      self.sow(METRICS, "centroid_disagreement", jnp.mean((expert_index != greedy).astype(jnp.float32)))
+      self.sow(METRICS, "centroid_disagreement", masked_mean((expert_index != greedy).astype(jnp.float32),
+                                                             token_mask))
     for name, value in losses.items():
       self.sow(AUX_LOSS, name, value)
     return Routing(expert_index=expert_index, gate=self.policy.gate(scores, expert_index))
@@ -274,8 +285,8 @@ class HashRouter(nn.Module):
 
   @nn.compact
   def __call__(self, h: jax.Array, token_ids: jax.Array, in_stage1: jax.Array,
-               deterministic: bool = True) -> Routing:
-    del in_stage1, deterministic
+               deterministic: bool = True, token_mask: jax.Array | None = None) -> Routing:
+    del in_stage1, deterministic, token_mask
     table = self.param(
         "table", lambda _, shape: jnp.asarray(random_hash_table(shape[0], self.num_experts, self.seed), jnp.float32),
         (self.vocab_size,))

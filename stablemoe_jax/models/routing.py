@@ -34,8 +34,19 @@ class Routing(struct.PyTreeNode):
 BALANCE_SCOPES = ("assigned", "all")
 
 
+def masked_mean(values: jax.Array, weights: jax.Array | None, axis: int | None = None) -> jax.Array:
+  """Mean of ``values`` over ``axis`` (default: all) counting only entries with weight 1; plain mean if None.
+
+  ``weights`` float32 broadcastable to ``values`` (1 = a real token, 0 = padding).
+  """
+  if weights is None:
+    return jnp.mean(values, axis=axis)
+  weights = jnp.broadcast_to(weights, values.shape)
+  return jnp.sum(values * weights, axis=axis) / jnp.maximum(jnp.sum(weights, axis=axis), 1.0)
+
+
 def stablemoe_balance_loss(scores: jax.Array, assignment: jax.Array, alpha: float,
-                           scope: str = "assigned") -> jax.Array:
+                           scope: str = "assigned", weights: jax.Array | None = None) -> jax.Array:
   """StableMoE's balance loss, averaged over tokens as in the authors' code.
 
   ``scope="assigned"`` is the paper's Eq. (3):
@@ -55,6 +66,8 @@ def stablemoe_balance_loss(scores: jax.Array, assignment: jax.Array, alpha: floa
     assignment: int32 [T] greedy expert per token (all tokens, dropped ones too).
     alpha: loss weight (0.3 in the paper).
     scope: "assigned" (the paper) or "all".
+    weights: float32 [T], 1 for a real token and 0 for padding (which then counts nowhere: T is the number
+      of real tokens); None: every token is real.
 
   Returns:
     float32 scalar.
@@ -63,30 +76,40 @@ def stablemoe_balance_loss(scores: jax.Array, assignment: jax.Array, alpha: floa
     raise ValueError(f"balance scope {scope!r} is unknown; choose one of {BALANCE_SCOPES}.")
   num_tokens, num_experts = scores.shape
   assigned = jax.nn.one_hot(assignment, num_experts, dtype=jnp.float32)  # [T, N]
+  gates = jax.nn.sigmoid(scores)  # [T, N]
+  if weights is not None:
+    assigned = assigned * weights[:, None]
+    gates = gates * weights[:, None]
+    num_tokens = jnp.maximum(jnp.sum(weights), 1.0)
   counts = jax.lax.stop_gradient(assigned.sum(axis=0))  # [N]
   mean_load = num_tokens / num_experts
   coefficients = (counts - mean_load) / mean_load  # [N]
   if scope == "all":
-    return alpha * jnp.sum(coefficients * jax.nn.sigmoid(scores).sum(axis=0)) / (num_tokens * num_experts)
-  gate_mass = (jax.nn.sigmoid(scores) * assigned).sum(axis=0)  # [N]
+    return alpha * jnp.sum(coefficients * gates.sum(axis=0)) / (num_tokens * num_experts)
+  gate_mass = (gates * assigned).sum(axis=0)  # [N]
   return alpha * jnp.sum(coefficients * gate_mass) / num_tokens
 
 
-def expert_load(expert_index: jax.Array, num_experts: int) -> jax.Array:
-  """Fraction of tokens sent to each expert: float32 [N] from int32 [T]."""
-  return jnp.bincount(expert_index, length=num_experts).astype(jnp.float32) / expert_index.shape[0]
+def expert_load(expert_index: jax.Array, num_experts: int, weights: jax.Array | None = None) -> jax.Array:
+  """Fraction of tokens sent to each expert: float32 [N] from int32 [T] (only real tokens if weights [T])."""
+  if weights is None:
+    return jnp.bincount(expert_index, length=num_experts).astype(jnp.float32) / expert_index.shape[0]
+  counts = jnp.zeros((num_experts,), jnp.float32).at[expert_index].add(weights)
+  return counts / jnp.maximum(jnp.sum(weights), 1.0)
 
 
 LOW_GATE = 0.01  # a token whose gate is below this gets (almost) nothing from its expert
 
 
-def routing_health(expert_index: jax.Array, gate: jax.Array, num_experts: int) -> dict[str, jax.Array]:
+def routing_health(expert_index: jax.Array, gate: jax.Array, num_experts: int,
+                   weights: jax.Array | None = None) -> dict[str, jax.Array]:
   """Health of one layer's routing of T tokens: float32 scalars, each sown as a metric by the MoE layer.
 
   Args:
     expert_index: int32 [T], the expert of each token.
     gate: float [T], the multiplier on that expert's output.
     num_experts: N.
+    weights: float32 [T], 1 = a real token, 0 = padding (not counted); None: all real.
 
   Returns:
     ``mean_gate``; ``low_gate_fraction`` (share of tokens with gate < ``LOW_GATE``); ``load_entropy``
@@ -94,11 +117,11 @@ def routing_health(expert_index: jax.Array, gate: jax.Array, num_experts: int) -
     in [0, 1]; 1 for N = 1); ``max_load`` (the largest expert's share of the tokens).
   """
   gate = gate.astype(jnp.float32)
-  load = expert_load(expert_index, num_experts)
+  load = expert_load(expert_index, num_experts, weights)
   entropy = jnp.sum(jax.scipy.special.entr(load))
   return {
-      "mean_gate": jnp.mean(gate),
-      "low_gate_fraction": jnp.mean((gate < LOW_GATE).astype(jnp.float32)),
+      "mean_gate": masked_mean(gate, weights),
+      "low_gate_fraction": masked_mean((gate < LOW_GATE).astype(jnp.float32), weights),
       "load_entropy": entropy,
       "load_balance": entropy / jnp.log(num_experts) if num_experts > 1 else jnp.ones(()),
       "max_load": jnp.max(load),

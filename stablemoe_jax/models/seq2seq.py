@@ -190,7 +190,8 @@ class TransformerSeq2Seq(nn.Module):
       rows = jnp.arange(x.shape[0], dtype=jnp.int32)  # each sequence its own dropout "group"
       return x + apply_ffn_experts(ffn_params, x[None], jnp.zeros((1,), jnp.int32), rows, rng,
                                    dropout=self.config.dropout, dtype=jnp.dtype(self.config.dtype))[0]
-    return getattr(self, f"{side}_moe")[k](x, token_ids, in_stage1, deterministic)
+    # Padding takes no expert capacity and counts in no routing loss or metric.
+    return getattr(self, f"{side}_moe")[k](x, token_ids, in_stage1, deterministic, token_mask=token_ids != PAD_ID)
 
   def _stack(self, side: str, blocks, x, token_ids, in_stage1, deterministic, run_block):
     """Blocks with the MoE layers at their positions (``moe_positions``: blocks before each)."""

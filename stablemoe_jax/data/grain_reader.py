@@ -1,0 +1,127 @@
+"""Reading the shards written by `prepare` as token streams for the grain pipeline.
+
+A split is the concatenation, in shard order, of its shards' records (chunks
+of the token stream, see `shard_writer`), so it is the same stream as the one
+`builder` + `stream.TokenStream` give for the same lines and tokenizer. The
+training and evaluation pipelines of `pipeline` run on it unchanged:
+
+    ArrayRecordDataSource(all shards of the split)       (random access, global keys)
+      -> ShardedStream.read(start, stop)                  (records covering the range)
+      -> blocks.TrainBlocks -> grain shuffle / repeat / batch / [process::count]
+
+so on PTB the batches equal today's (`tests/test_prepare_reader.py`), and the
+iterator state is the same `{'next_index': k}` the train loop checkpoints.
+Record lengths come from the manifest, so opening a split reads no record.
+Splits up to `stream.IN_MEMORY_MAX_TOKENS` tokens are read once into memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Sequence
+
+import grain
+import numpy as np
+
+from stablemoe_jax.data import pipeline
+from stablemoe_jax.data import stream as stream_lib
+
+# Measured by benchmarks/input_pipeline.py on 2 shared cores: threads only add contention here.
+READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+
+
+class ChunkRecords:
+  """The records of array_record shards as 1-D token arrays (random access)."""
+
+  def __init__(self, paths: Sequence[str], dtype: str):
+    from array_record.python.array_record_data_source import ArrayRecordDataSource
+    self._paths = list(paths)
+    self._dtype = np.dtype(dtype).newbyteorder('<')
+    self._source = ArrayRecordDataSource(self._paths) if self._paths else []
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    return np.frombuffer(self._source[index], self._dtype)
+
+  def __getitems__(self, indices: Sequence[int]) -> list[np.ndarray]:
+    return [np.frombuffer(r, self._dtype) for r in self._source.__getitems__(list(indices))]
+
+
+class ShardedStream(stream_lib.TokenStream):
+  """A split's shards as one `TokenStream`, with offsets from the shards' token counts."""
+
+  def __init__(self, paths: Sequence[str], num_tokens: Sequence[int], chunk_tokens: int, dtype: str,
+               in_memory: bool | None = None):
+    kept = [(p, int(n)) for p, n in zip(paths, num_tokens) if n > 0]
+    self._records = ChunkRecords([p for p, _ in kept], dtype)
+    lengths = []
+    for _, n in kept:
+      lengths += [chunk_tokens] * (n // chunk_tokens) + ([n % chunk_tokens] if n % chunk_tokens else [])
+    if len(lengths) != len(self._records):
+      raise ValueError(f'The shards hold {len(self._records)} records, their manifest says {len(lengths)}.')
+    self.offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=self.offsets[1:])
+    self._flat = None
+    if in_memory or (in_memory is None and len(self) <= stream_lib.IN_MEMORY_MAX_TOKENS):
+      self._flat = self.read(0, len(self)).copy()
+      self._flat.flags.writeable = False
+
+
+@dataclasses.dataclass
+class ShardedLMData(pipeline.LMData):
+  """`LMData` whose splits are `ShardedStream`s; the train iterator uses `READ_OPTIONS`."""
+
+  streams: dict[str, ShardedStream] = dataclasses.field(default_factory=dict, repr=False)
+
+  def __post_init__(self):
+    super().__post_init__()
+    self._streams.update(self.streams)
+
+  def train_iterator(self, batch_size, seq_len, seed, shard_index=0, shard_count=1, read_options=None):
+    return super().train_iterator(batch_size, seq_len, seed, shard_index, shard_count,
+                                  read_options or READ_OPTIONS)
+
+
+def open_splits(root: pathlib.Path, manifest: dict, in_memory: bool | None = None) -> dict[str, ShardedStream]:
+  """{split: ShardedStream} of a `prepare` manifest whose shard paths are relative to `root`."""
+  return {split: ShardedStream([str(root / s['file']) for s in shard_list], [s['num_tokens'] for s in shard_list],
+                               manifest['chunk_tokens'], manifest['token_dtype'], in_memory)
+          for split, shard_list in manifest['shards'].items()}
+
+
+def load(prepared_dir: pathlib.Path, data_config) -> ShardedLMData:
+  """The data `prepare` wrote into `prepared_dir`, after checking they fit `data_config`.
+
+  Raises:
+    PreparedDataMismatchError: prepared with other data settings, with another
+      tokenizer, or from inputs that have changed since (when they are here).
+  """
+  from stablemoe_jax.data import locate, prepare, prepared, shards, tokenizers
+
+  manifest = json.loads((prepared_dir / prepared.MANIFEST).read_text())
+  fix = (f'Run `python -m stablemoe_jax.data.prepare` again with this config and --workdir, '
+         f'or use a new --workdir.')
+  wanted = prepare.settings(data_config)
+  differ = [f'data.{k}={v!r} but they were prepared with {manifest.get(k)!r}'
+            for k, v in wanted.items() if manifest.get(k) != v]
+  if differ:
+    raise prepared.PreparedDataMismatchError(
+        f'The shards prepared in {prepared_dir} do not match this config: {"; ".join(differ)}. {fix}')
+  try:
+    now = prepare.inputs_identity(prepare.split_inputs(data_config))
+  except (locate.DataNotFoundError, shards.EmptyInputError):
+    now = None  # No raw corpus here (evaluating or resuming elsewhere): the shards are what there is.
+  if now is not None and now != manifest['inputs']:
+    raise prepared.PreparedDataMismatchError(
+        f'The input files changed since the shards in {prepared_dir} were prepared. {fix}')
+  tokenizer = tokenizers.load_tokenizer(prepared_dir / 'tokenizer')
+  if tokenizer.fingerprint() != manifest['tokenizer_fingerprint']:
+    raise prepared.PreparedDataMismatchError(
+        f'The tokenizer in {prepared_dir / "tokenizer"} is not the one the shards were written with. {fix}')
+  streams = open_splits(prepared_dir, manifest)
+  return ShardedLMData(tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
+                       sources={split: s._records for split, s in streams.items()}, streams=streams)

@@ -7,6 +7,7 @@ preparation to a second or two; the Beam runs start real worker processes.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -20,11 +21,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from stablemoe_jax.data import grain_reader, prepare, prepared, shard_writer, text, tokenizers
+from stablemoe_jax.data import grain_reader, prepare, prepared, text, tokenizers
 
 from conftest import REPO
 
-OPTIONS = prepare.Options(shard_mb=0.01, chunk_tokens=256, batch_lines=50, progress=False)
+OPTIONS = prepare.Options(shard_mb=0.01, chunk_tokens=256, batch_lines=50, workers=0, progress=False)  # Beam: one test
 
 
 def _lines(path: pathlib.Path, start: int, stop: int) -> list[str]:
@@ -72,7 +73,6 @@ def _reference_stream(tokenizer, raw: pathlib.Path, names: list[str]) -> np.ndar
 
 
 def test_beam_with_two_workers_writes_the_same_bytes_as_one_worker_and_inline(corpus, tmp_path):
-  import dataclasses
   dirs = {}
   for workers in (0, 1, 2):
     dirs[workers] = tmp_path / f'w{workers}'
@@ -150,7 +150,6 @@ def test_a_bad_file_stops_naming_file_and_line_or_is_skipped_and_counted(corpus,
     prepare.prepare(_config(corpus), tmp_path / 'a', OPTIONS)
   assert str(error.value).startswith(f'{bad}, line 31: byte 0xe9 at column 4 is not UTF-8')
   assert not (tmp_path / 'a' / prepared.MANIFEST).exists()
-  import dataclasses
   report = prepare.prepare(_config(corpus), tmp_path / 'b', dataclasses.replace(OPTIONS, skip_bad_files=True))
   assert [f['path'] for f in report['skipped_files']] == [str(bad)]
   bad.unlink()
@@ -189,3 +188,11 @@ def test_kill_9_mid_preparation_then_rerun_redoes_only_unfinished_shards(ptb_dir
   assert report['shards_reused'] == len(finished)
   assert all(p.stat().st_mtime_ns == finished[p.stem] for p in train.glob('*.json') if p.stem in finished)
   assert _records(workdir / 'data') == _records(reference / 'data')
+
+
+def test_the_tokenizer_is_built_from_tokenizer_files_when_given(corpus, tmp_path):
+  config = _config(corpus)
+  config.tokenizer_files = f'{corpus}/train_a.txt'
+  prepare.prepare(config, tmp_path / 'data', OPTIONS)
+  expected = tokenizers.WordTokenizer.from_file(corpus / 'train_a.txt')
+  assert tokenizers.load_tokenizer(tmp_path / 'data' / 'tokenizer').fingerprint() == expected.fingerprint()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 
 import ml_collections
@@ -52,7 +53,6 @@ def test_train_batches_of_the_default_equal_todays_across_epochs_and_processes(b
   today, sharded = both
   if not in_memory:
     manifest_dir = pathlib.Path(sharded.stream('train')._records._paths[0]).parents[2]
-    import json
     streams = grain_reader.open_splits(manifest_dir, json.loads((manifest_dir / 'prepared.json').read_text()), False)
     sharded = dataclasses.replace(sharded, streams=streams, sources={s: v._records for s, v in streams.items()})
     assert not sharded.stream('train').in_memory

@@ -7,14 +7,14 @@ with): the tokenizer in `DIR/data/tokenizer`, the tokenized shards in
 
     {format: 'shards', corpus, tokenizer, [sentencepiece_vocab_size], vocab_size,
      tokenizer_fingerprint, token_dtype, chunk_tokens, inputs: {split: [file identity]},
-     shards: {split: [{file, num_tokens}]}, skipped_files: [{path, error}]}
+     shards: {split: [{file, num_tokens, num_lines}]}, skipped_files: [{path, error}]}
 
 Inputs, from the config's `data` section: `corpus='ptb'` / `'text'` as for
 `main`, or `corpus='files'` with `train_files`, `valid_files`, `test_files`
-(comma-separated globs of plain text, `.gz` or `.zst`). Settings read with
-defaults: `shard_mb` (64, plain-text bytes per shard), `chunk_tokens` (4096,
-tokens per record), `sentencepiece_sample_lines` (1,000,000: the tokenizer is
-trained on sentencepiece's seeded sample of at most this many train lines).
+(comma-separated globs of plain text, `.gz` or `.zst`), and optionally
+`tokenizer_files` (globs of the train files the tokenizer is built from;
+default: all of them). How to prepare is given by flags (`Options`): shard
+size, tokens per record, the sentencepiece sample, workers, the Beam runner.
 
 Steps: tokenizer (trained once, in this process) -> plan (shards of every
 split) -> one task per shard on Beam (`beam_pipeline`) -> manifest. Re-running
@@ -108,10 +108,11 @@ def _train_sentencepiece(lines, vocab_size: int, sample_lines: int) -> tokenizer
 
 
 def prepare_tokenizer(config: Mapping[str, Any], train_files: list[pathlib.Path], out_dir: pathlib.Path,
-                      sample_lines: int) -> tokenizers.Tokenizer:
+                      sample_lines: int, progress: bool = False) -> tokenizers.Tokenizer:
   """The tokenizer in `out_dir` if it was built from these inputs and settings, else a new one (saved).
 
-  `config`: `settings(...)`; `sample_lines`: sentencepiece's training sample (ignored for 'word').
+  `config`: `settings(...)`; `sample_lines`: sentencepiece's training sample (ignored for 'word'). Building
+  reads every train line once in this process (1B tokens: 65 s, see the README).
   """
   identity = '\n'.join(shards.file_identity(p) for p in train_files)
   meta = dict(config, kind=config['tokenizer'], train_inputs=hashlib.sha256(identity.encode()).hexdigest())
@@ -123,7 +124,8 @@ def prepare_tokenizer(config: Mapping[str, Any], train_files: list[pathlib.Path]
     if all(saved.get(k) == v for k, v in meta.items()):
       return tokenizers.load_tokenizer(out_dir)
     meta_path.unlink()  # Built from other inputs or settings: rebuilt below, the old shards are not reused.
-  lines = shards.iter_lines(shards.plan_split('train', train_files, 1 << 62, ''))
+  lines = iter(tqdm.tqdm(shards.iter_lines(shards.plan_split('train', train_files, 1 << 62, '')), desc='tokenizer',
+                         unit=' lines', unit_scale=True, mininterval=2.0, disable=not progress, file=sys.stderr))
   if config['tokenizer'] == 'word':
     tokenizer = tokenizers.WordTokenizer.from_lines(lines)
   else:
@@ -224,13 +226,18 @@ def prepare(data_config: Any, prepared_dir: pathlib.Path, options: Options = Opt
   files = split_inputs(data_config)
   prepared_dir = pathlib.Path(prepared_dir)
   out_dir = prepared_dir / 'shards'
+  tokenizer_files = files['train']
+  if _get(data_config, 'tokenizer_files', ''):  # A subset of the train files, so the driver reads less.
+    tokenizer_files = shards.expand_inputs(_get(data_config, 'tokenizer_files'), 'data.tokenizer_files')
   try:
-    tokenizer = prepare_tokenizer(config, files['train'], prepared_dir / 'tokenizer', options.sentencepiece_sample_lines)
+    tokenizer = prepare_tokenizer(config, tokenizer_files, prepared_dir / 'tokenizer', options.sentencepiece_sample_lines,
+                                  options.progress)
   except text.BadCorpusError:
-    good = [p for p in files['train'] if _readable(p)]
+    good = [p for p in tokenizer_files if _readable(p)]
     if not options.skip_bad_files or not good:
       raise
-    tokenizer = prepare_tokenizer(config, good, prepared_dir / 'tokenizer', options.sentencepiece_sample_lines)
+    tokenizer = prepare_tokenizer(config, good, prepared_dir / 'tokenizer', options.sentencepiece_sample_lines,
+                                  options.progress)
   dtype = shard_writer.token_dtype(tokenizer.vocab_size)
   fingerprint = hashlib.sha256(json.dumps(
       [FORMAT_VERSION, tokenizer.kind, tokenizer.fingerprint(), dtype, options.chunk_tokens]).encode()).hexdigest()

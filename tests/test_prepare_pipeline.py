@@ -2,7 +2,8 @@
 
 A tiny corpus cut from PTB (train: a plain file of ~9 byte-range shards and a
 .gz file that is one larger shard; valid and test: one file each) keeps every
-preparation to a second or two; the Beam runs start real worker processes.
+preparation under a second. Most tests run the shard tasks inline (`workers=0`, the same
+`process_shard`); the first runs them on Beam with 1 and 2 real worker processes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from stablemoe_jax.data import grain_reader, prepare, prepared, text, tokenizers
 
 from conftest import REPO
 
-OPTIONS = prepare.Options(shard_mb=0.01, chunk_tokens=256, batch_lines=50, workers=0, progress=False)  # Beam: one test
+OPTIONS = prepare.Options(shard_mb=0.01, chunk_tokens=256, batch_lines=50, workers=0, progress=False)
 
 
 def _lines(path: pathlib.Path, start: int, stop: int) -> list[str]:

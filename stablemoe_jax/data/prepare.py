@@ -254,7 +254,7 @@ def prepare(data_config: Any, prepared_dir: pathlib.Path, options: Options = Opt
   for split in SPLITS:
     if not sum(e['num_tokens'] for e in entries.get(split, [])):
       raise text.BadCorpusError(f'The {split} split has no text (inputs: {", ".join(map(str, files[split]))}).')
-  _remove_stale(out_dir, specs)
+  removed = _remove_stale(out_dir, specs)
   manifest = dict(config, format=prepared.SHARDS_FORMAT, vocab_size=tokenizer.vocab_size,
                   tokenizer_fingerprint=tokenizer.fingerprint(), token_dtype=dtype,
                   chunk_tokens=options.chunk_tokens, inputs=inputs_identity(files), shards=entries,
@@ -265,7 +265,7 @@ def prepare(data_config: Any, prepared_dir: pathlib.Path, options: Options = Opt
   report = {'shards': len(specs), 'shards_reused': reused, 'skipped_files': skipped,
             'shards_written': sum(s.path not in bad_files for s in specs) - reused,
             'tokens': {split: sum(e['num_tokens'] for e in entries[split]) for split in SPLITS},
-            'tokens_written': bar.tokens, 'seconds': round(seconds, 2),
+            'stale_files_removed': removed, 'tokens_written': bar.tokens, 'seconds': round(seconds, 2),
             'tokens_per_second': round(bar.tokens / seconds), 'workers': options.workers}
   _write_json(prepared_dir / 'prepare_report.json', report)
   return report

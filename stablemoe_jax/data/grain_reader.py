@@ -115,11 +115,12 @@ def load(prepared_dir: pathlib.Path, data_config, in_memory: bool | None = None)
   if differ:
     raise prepared.PreparedDataMismatchError(
         f'The shards prepared in {prepared_dir} do not match this config: {"; ".join(differ)}. {fix}')
-  try:
-    now = prepare.inputs_identity(prepare.split_inputs(data_config))
+  try:  # Only stat() here: a run's start must not read the inputs (prepare's names also hash their heads).
+    now = {split: [shards.file_stat(p) for p in paths] for split, paths in prepare.split_inputs(data_config).items()}
   except (locate.DataNotFoundError, shards.EmptyInputError):
     now = None  # No raw corpus here (evaluating or resuming elsewhere): the shards are what there is.
-  if now is not None and now != manifest['inputs']:
+  then = {split: [i.rsplit(':', 1)[0] for i in ids] for split, ids in manifest['inputs'].items()}
+  if now is not None and now != then:
     raise prepared.PreparedDataMismatchError(
         f'The input files changed since the shards in {prepared_dir} were prepared. {fix}')
   tokenizer = tokenizers.load_tokenizer(prepared_dir / 'tokenizer')

@@ -80,12 +80,17 @@ def expand_inputs(patterns: str, what: str) -> list[pathlib.Path]:
   return [pathlib.Path(p) for p in files]
 
 
-def file_identity(path: os.PathLike | str) -> str:
-  """Cheap identity of an input file: size, mtime and the md5 of its first MiB."""
+def file_stat(path: os.PathLike | str) -> str:
+  """'path:size:mtime' of an input file (no read)."""
   stat = os.stat(path)
+  return f'{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}'
+
+
+def file_identity(path: os.PathLike | str) -> str:
+  """Cheap identity of an input file: `file_stat` and the md5 of its first MiB."""
   with open(path, 'rb') as f:
     head = hashlib.md5(f.read(_HEAD_BYTES)).hexdigest()
-  return f'{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}:{head}'
+  return f'{file_stat(path)}:{head}'
 
 
 def plan_split(split: str, files: list[pathlib.Path], shard_bytes: int, settings: str) -> list[ShardSpec]:

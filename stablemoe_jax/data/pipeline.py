@@ -185,7 +185,9 @@ def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
     data_config: ConfigDict with `corpus` ('ptb' | 'text'), `data_dir` (str,
       '' = $STABLEMOE_DATA_DIR), `tokenizer` ('word' | 'sentencepiece'),
       `sentencepiece_vocab_size` (int).
-    prepared_dir: the run's prepared-data directory (e.g. workdir/data); gets
+    prepared_dir: the run's prepared-data directory (e.g. workdir/data). If
+      `python -m stablemoe_jax.data.prepare` wrote shards there, those are
+      used (`grain_reader.load`); otherwise it gets
       `tokenizer/`, `tfds/` and `prepared.json`. Reused on later calls (a resumed run).
       With several processes sharing one directory, let process 0 call this
       first (then a barrier), so only one process writes.
@@ -199,8 +201,16 @@ def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
     PreparedDataMismatchError: no raw corpus, and the prepared data was built
       for another data config.
   """
+  prepared_dir = pathlib.Path(prepared_dir)
+  if prepared.is_sharded(prepared_dir):  # Written by `python -m stablemoe_jax.data.prepare`: use them.
+    from stablemoe_jax.data import grain_reader
+    return grain_reader.load(prepared_dir, data_config)
   corpus = _get(data_config, 'corpus', 'ptb')
   kind = _get(data_config, 'tokenizer', 'word')
+  if corpus == 'files':
+    raise locate.DataNotFoundError(
+        f'data.corpus=files is prepared by `python -m stablemoe_jax.data.prepare --config CONFIG --workdir DIR` '
+        f'first; {prepared_dir} holds no prepared shards.')
   if corpus not in locate.CORPORA:
     raise ValueError(f'Unknown data.corpus {corpus!r}; allowed: {", ".join(locate.CORPORA)}.')
   if kind not in tokenizers.TOKENIZER_KINDS:
@@ -209,7 +219,6 @@ def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
     )
   settings = {'corpus': corpus, 'tokenizer': kind,
               'sentencepiece_vocab_size': _get(data_config, 'sentencepiece_vocab_size', None)}
-  prepared_dir = pathlib.Path(prepared_dir)
   try:
     data_dir = locate.resolve_data_dir(_get(data_config, 'data_dir', ''), corpus)
   except locate.DataNotFoundError:

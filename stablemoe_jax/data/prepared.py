@@ -26,6 +26,7 @@ from stablemoe_jax.data import tokenizers
 from stablemoe_jax.data.stream import FieldSource, RecordSource
 
 MANIFEST = 'prepared.json'
+SHARDS_FORMAT = 'shards'  # The manifest's 'format' when `stablemoe_jax.data.prepare` wrote it.
 
 
 class PreparedDataMismatchError(locate.DataError):
@@ -53,6 +54,12 @@ def write_manifest(prepared_dir: pathlib.Path, data_config: Mapping[str, Any], t
 
 def has_manifest(prepared_dir: pathlib.Path) -> bool:
   return (prepared_dir / MANIFEST).is_file()
+
+
+def is_sharded(prepared_dir: pathlib.Path) -> bool:
+  """Whether the manifest was written by `stablemoe_jax.data.prepare` (shards, read by `grain_reader`)."""
+  path = prepared_dir / MANIFEST
+  return path.is_file() and json.loads(path.read_text()).get('format') == SHARDS_FORMAT
 
 
 def load(prepared_dir: pathlib.Path, data_config: Mapping[str, Any]

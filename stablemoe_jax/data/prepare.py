@@ -1,0 +1,319 @@
+"""`python -m stablemoe_jax.data.prepare --config CONFIG --workdir DIR [--workers N]`: corpora at any size.
+
+Prepares what `main` trains on, into `DIR/data` (the workdir `main` is then run
+with): the tokenizer in `DIR/data/tokenizer`, the tokenized shards in
+`DIR/data/shards/{split}/` (layout in `shard_writer`), and the manifest
+`DIR/data/prepared.json` that `main` reads (see `grain_reader`):
+
+    {format: 'shards', corpus, tokenizer, [sentencepiece_vocab_size], vocab_size,
+     tokenizer_fingerprint, token_dtype, chunk_tokens, inputs: {split: [file identity]},
+     shards: {split: [{file, num_tokens, num_lines}]}, skipped_files: [{path, error}]}
+
+Inputs, from the config's `data` section: `corpus='ptb'` / `'text'` as for
+`main`, or `corpus='files'` with `train_files`, `valid_files`, `test_files`
+(comma-separated globs of plain text, `.gz` or `.zst`), and optionally
+`tokenizer_files` (globs of the train files the tokenizer is built from;
+default: all of them). How to prepare is given by flags (`Options`): shard
+size, tokens per record, the sentencepiece sample, workers, the Beam runner.
+
+Steps: tokenizer (trained once, in this process) -> plan (shards of every
+split) -> one task per shard on Beam (`beam_pipeline`) -> manifest. Re-running
+skips the shards already done, so a killed preparation resumes; a shard's name
+carries the fingerprint of its input and of every setting, so a changed
+input, tokenizer or setting is redone. Shards that are not part of the current
+plan are deleted at the end. One preparation at a time per workdir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import pathlib
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import sentencepiece as spm
+import tqdm
+
+from stablemoe_jax.data import beam_pipeline
+from stablemoe_jax.data import locate
+from stablemoe_jax.data import prepared
+from stablemoe_jax.data import shard_writer
+from stablemoe_jax.data import shards
+from stablemoe_jax.data import text
+from stablemoe_jax.data import tokenizers
+
+FORMAT_VERSION = 1
+
+SPLITS = locate.SPLITS
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """How to prepare (flags of the command); none of them changes what a run trains on but the sample size."""
+
+  shard_mb: float = 64.0  # plain-text MiB per shard
+  chunk_tokens: int = 4096  # tokens per record
+  sentencepiece_sample_lines: int = 1_000_000  # the tokenizer's training sample
+  batch_lines: int = 8192  # lines a worker tokenizes at once (its memory)
+  workers: int = 1  # Beam worker processes on this machine; 0: no Beam
+  skip_bad_files: bool = False
+  beam_args: str = ''
+  progress: bool = True
+
+  @property
+  def shard_bytes(self) -> int:
+    return max(int(self.shard_mb * (1 << 20)), 1)
+
+
+def _get(data_config: Any, key: str, default: Any = None) -> Any:
+  return data_config.get(key, default) if hasattr(data_config, 'get') else getattr(data_config, key, default)
+
+
+def split_inputs(data_config: Any) -> dict[str, list[pathlib.Path]]:
+  """{split: input files} of the config's data section."""
+  corpus = _get(data_config, 'corpus', 'ptb')
+  if corpus == 'files':
+    return {split: shards.expand_inputs(_get(data_config, f'{split}_files', ''), f'data.{split}_files')
+            for split in SPLITS}
+  data_dir = locate.resolve_data_dir(_get(data_config, 'data_dir', ''), corpus)
+  return {split: [path] for split, path in locate.corpus_files(data_dir, corpus).items()}
+
+
+def settings(data_config: Any) -> dict[str, Any]:
+  """The manifest keys the config's data section determines (compared by `main` when it reads the shards)."""
+  return prepared.wanted({'corpus': _get(data_config, 'corpus', 'ptb'),
+                          'tokenizer': _get(data_config, 'tokenizer', 'word'),
+                          'sentencepiece_vocab_size': _get(data_config, 'sentencepiece_vocab_size')})
+
+
+def inputs_identity(files: Mapping[str, list[pathlib.Path]]) -> dict[str, list[str]]:
+  return {split: [shards.file_identity(p) for p in paths] for split, paths in files.items()}
+
+
+def _train_sentencepiece(lines, vocab_size: int, sample_lines: int) -> tokenizers.SentencePieceTokenizer:
+  """sentencepiece on its seeded reservoir sample of at most `sample_lines` lines (memory ~ the sample)."""
+  spm.set_random_generator_seed(0)
+  writer = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=lines, model_writer=writer, vocab_size=vocab_size, model_type='unigram',
+      character_coverage=1.0, input_sentence_size=sample_lines, shuffle_input_sentence=True, num_threads=1,
+      unk_id=0, eos_id=1, bos_id=-1, pad_id=-1, minloglevel=2)
+  return tokenizers.SentencePieceTokenizer(writer.getvalue())
+
+
+def prepare_tokenizer(config: Mapping[str, Any], train_files: list[pathlib.Path], out_dir: pathlib.Path,
+                      sample_lines: int, progress: bool = False) -> tokenizers.Tokenizer:
+  """The tokenizer in `out_dir` if it was built from these inputs and settings, else a new one (saved).
+
+  `config`: `settings(...)`; `sample_lines`: sentencepiece's training sample (ignored for 'word'). Building
+  reads every train line once in this process (1B tokens: 65 s, see the README).
+  """
+  identity = '\n'.join(shards.file_identity(p) for p in train_files)
+  meta = dict(config, kind=config['tokenizer'], train_inputs=hashlib.sha256(identity.encode()).hexdigest())
+  if config['tokenizer'] == 'sentencepiece':
+    meta['sample_lines'] = sample_lines
+  meta_path = out_dir / tokenizers.META_FILE
+  if meta_path.is_file():
+    saved = json.loads(meta_path.read_text())
+    if all(saved.get(k) == v for k, v in meta.items()):
+      return tokenizers.load_tokenizer(out_dir)
+    meta_path.unlink()  # Built from other inputs or settings: rebuilt below, the old shards are not reused.
+  lines = iter(tqdm.tqdm(shards.iter_lines(shards.plan_split('train', train_files, 1 << 62, '')), desc='tokenizer',
+                         unit=' lines', unit_scale=True, mininterval=2.0, disable=not progress, file=sys.stderr))
+  if config['tokenizer'] == 'word':
+    tokenizer = tokenizers.WordTokenizer.from_lines(lines)
+  else:
+    tokenizer = _train_sentencepiece(lines, config['sentencepiece_vocab_size'], sample_lines)
+  tokenizer.save(out_dir)
+  meta['vocab_size'] = tokenizer.vocab_size
+  _write_json(meta_path, meta)  # Written last: a directory with tokenizer.json holds a complete tokenizer.
+  return tokenizer
+
+
+class Progress:
+  """A progress bar fed by polling the shards' done markers (works with any runner on a shared disk)."""
+
+  def __init__(self, specs: list[shards.ShardSpec], out_dir: pathlib.Path, enabled: bool = True):
+    self._pending = {s.name: s for s in specs if not shard_writer.done_path(out_dir, s).exists()}
+    self._out_dir = out_dir
+    self._bar = tqdm.tqdm(total=sum(s.num_bytes for s in self._pending.values()), unit='B', unit_scale=True,
+                          desc='prepare', dynamic_ncols=True, mininterval=1.0, disable=not enabled, file=sys.stderr)
+    self._total = len(specs)
+    self._done = len(specs) - len(self._pending)
+    self.tokens = 0
+    self._started = time.time()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._poll, daemon=True)
+
+  def _update(self) -> None:
+    for name, spec in list(self._pending.items()):
+      done = shard_writer.done_path(self._out_dir, spec)
+      if done.exists() or shard_writer.bad_path(self._out_dir, spec).exists():
+        del self._pending[name]
+        self._done += 1
+        self.tokens += json.loads(done.read_text())['num_tokens'] if done.exists() else 0
+        self._bar.update(spec.num_bytes)
+    rate = self.tokens / max(time.time() - self._started, 1e-9)
+    self._bar.set_postfix_str(f'shards {self._done}/{self._total}, {rate / 1e6:.2f}M tokens/s', refresh=False)
+
+  def _poll(self) -> None:
+    while not self._stop.wait(1.0):
+      self._update()
+
+  def __enter__(self) -> Progress:
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stop.set()
+    self._thread.join()
+    self._update()
+    self._bar.close()
+
+
+def _collect(specs: list[shards.ShardSpec], out_dir: pathlib.Path, skip_bad_files: bool
+             ) -> tuple[dict[str, list[dict]], list[dict]]:
+  """({split: [shard entries]}, skipped files) after the run; raises on a bad shard unless skipping."""
+  bad = {}
+  for spec in specs:
+    path = shard_writer.bad_path(out_dir, spec)
+    if path.exists() and not shard_writer.done_path(out_dir, spec).exists():
+      bad.setdefault(spec.path, json.loads(path.read_text())['error'])
+  if bad and not skip_bad_files:
+    first = next(iter(bad.values()))
+    more = f' ({len(bad) - 1} more bad file(s))' if len(bad) > 1 else ''
+    raise text.BadCorpusError(first + more)
+  missing = [s.name for s in specs if s.path not in bad and not shard_writer.done_path(out_dir, s).exists()]
+  if missing:
+    raise RuntimeError(f'{len(missing)} shard(s) were not written (first: {missing[0]}); run the command again.')
+  entries: dict[str, list[dict]] = {}
+  for spec in specs:
+    if spec.path in bad:
+      continue
+    stats = json.loads(shard_writer.done_path(out_dir, spec).read_text())
+    entries.setdefault(spec.split, []).append(
+        {'file': str(shard_writer.records_path(out_dir, spec).relative_to(out_dir.parent)),
+         'num_tokens': stats['num_tokens'], 'num_lines': stats['num_lines']})
+  return entries, [{'path': p, 'error': e} for p, e in bad.items()]
+
+
+def _remove_stale(out_dir: pathlib.Path, specs: list[shards.ShardSpec]) -> int:
+  """Deletes every file under out_dir/{split} not belonging to a planned shard (and temporary files)."""
+  keep = {s.name for s in specs}
+  removed = 0
+  for path in out_dir.glob('*/*'):
+    if path.name.split('.')[0] not in keep or '.tmp.' in path.name:
+      path.unlink()
+      removed += 1
+  return removed
+
+
+def prepare(data_config: Any, prepared_dir: pathlib.Path, options: Options = Options()) -> dict:
+  """Prepares tokenizer, shards and manifest in `prepared_dir`; returns the report (also `prepare_report.json`).
+
+  Raises:
+    EmptyInputError: a glob matches nothing; BadCorpusError: a bad input file
+      (unless `options.skip_bad_files`) or a split without text; DataNotFoundError: no corpus.
+  """
+  started = time.time()
+  config = settings(data_config)
+  files = split_inputs(data_config)
+  prepared_dir = pathlib.Path(prepared_dir)
+  out_dir = prepared_dir / 'shards'
+  tokenizer_files = files['train']
+  if _get(data_config, 'tokenizer_files', ''):  # A subset of the train files, so the driver reads less.
+    tokenizer_files = shards.expand_inputs(_get(data_config, 'tokenizer_files'), 'data.tokenizer_files')
+  try:
+    tokenizer = prepare_tokenizer(config, tokenizer_files, prepared_dir / 'tokenizer', options.sentencepiece_sample_lines,
+                                  options.progress)
+  except text.BadCorpusError:
+    good = [p for p in tokenizer_files if _readable(p)]
+    if not options.skip_bad_files or not good:
+      raise
+    tokenizer = prepare_tokenizer(config, good, prepared_dir / 'tokenizer', options.sentencepiece_sample_lines,
+                                  options.progress)
+  dtype = shard_writer.token_dtype(tokenizer.vocab_size)
+  fingerprint = hashlib.sha256(json.dumps(
+      [FORMAT_VERSION, tokenizer.kind, tokenizer.fingerprint(), dtype, options.chunk_tokens]).encode()).hexdigest()
+  specs = [spec for split in SPLITS for spec in shards.plan_split(split, files[split], options.shard_bytes, fingerprint)]
+  for spec in specs:  # Retry shards that failed before.
+    shard_writer.bad_path(out_dir, spec).unlink(missing_ok=True)
+  job = shard_writer.ShardJob(str(out_dir), str(prepared_dir / 'tokenizer'), tokenizer.fingerprint(),
+                              options.chunk_tokens, dtype, options.batch_lines)
+  pending = [s for s in specs if not shard_writer.done_path(out_dir, s).exists()]
+  reused = len(specs) - len(pending)
+  with Progress(specs, out_dir, enabled=options.progress) as bar:
+    beam_pipeline.run(pending, job, options.workers, options.beam_args)
+  entries, skipped = _collect(specs, out_dir, options.skip_bad_files)
+  for split in SPLITS:
+    if not sum(e['num_tokens'] for e in entries.get(split, [])):
+      raise text.BadCorpusError(f'The {split} split has no text (inputs: {", ".join(map(str, files[split]))}).')
+  removed = _remove_stale(out_dir, specs)
+  manifest = dict(config, format=prepared.SHARDS_FORMAT, vocab_size=tokenizer.vocab_size,
+                  tokenizer_fingerprint=tokenizer.fingerprint(), token_dtype=dtype,
+                  chunk_tokens=options.chunk_tokens, inputs=inputs_identity(files), shards=entries,
+                  skipped_files=skipped)
+  _write_json(prepared_dir / prepared.MANIFEST, manifest)
+  seconds = time.time() - started
+  bad_files = {f['path'] for f in skipped}
+  report = {'shards': len(specs), 'shards_reused': reused, 'skipped_files': skipped,
+            'shards_written': sum(s.path not in bad_files for s in specs) - reused,
+            'tokens': {split: sum(e['num_tokens'] for e in entries[split]) for split in SPLITS},
+            'stale_files_removed': removed, 'tokens_written': bar.tokens, 'seconds': round(seconds, 2),
+            'tokens_per_second': round(bar.tokens / seconds), 'workers': options.workers}
+  _write_json(prepared_dir / 'prepare_report.json', report)
+  return report
+
+
+def _readable(path: pathlib.Path) -> bool:
+  try:
+    for _ in shards.iter_lines(shards.plan_split('train', [path], 1 << 62, '')):
+      pass
+    return True
+  except text.BadCorpusError:
+    return False
+
+
+def _write_json(path: pathlib.Path, value: dict) -> None:
+  tmp = path.with_name(path.name + '.tmp')
+  tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + '\n')
+  tmp.replace(path)
+
+
+def main(argv: list[str]) -> None:
+  from absl import flags
+  del argv
+  f = flags.FLAGS
+  options = Options(f.shard_mb, f.chunk_tokens, f.sentencepiece_sample_lines, f.batch_lines, f.workers,
+                    f.skip_bad_files, f.beam_args)
+  print(json.dumps(prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)))
+
+
+def _define_flags() -> None:
+  from absl import flags
+  from ml_collections import config_flags
+  config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file (its data section is used).')
+  flags.DEFINE_string('workdir', None, 'The run directory; the data go to WORKDIR/data, where main reads them.')
+  flags.DEFINE_integer('workers', 1, 'Beam worker processes on this machine; 0: no Beam, one process.')
+  flags.DEFINE_bool('skip_bad_files', False, 'Leave out input files with a non-UTF-8 or unreadable line '
+                    '(listed in the report) instead of stopping.')
+  flags.DEFINE_string('beam_args', '', 'Beam pipeline options for a cluster runner, e.g. '
+                      '"--runner=FlinkRunner --flink_master=host:8081 --environment_type=LOOPBACK".')
+  flags.DEFINE_float('shard_mb', Options.shard_mb, 'MiB of plain text per shard (a compressed file is one shard).')
+  flags.DEFINE_integer('chunk_tokens', Options.chunk_tokens, 'Tokens per array_record record.')
+  flags.DEFINE_integer('sentencepiece_sample_lines', Options.sentencepiece_sample_lines,
+                       'sentencepiece trains on a seeded sample of at most this many train lines.')
+  flags.DEFINE_integer('batch_lines', Options.batch_lines, 'Lines a worker tokenizes at once (bounds its memory).')
+  flags.mark_flags_as_required(['config', 'workdir'])
+
+
+if __name__ == '__main__':
+  from stablemoe_jax import cli
+  _define_flags()
+  cli.run_app(main)

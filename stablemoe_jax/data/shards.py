@@ -1,0 +1,197 @@
+"""Raw text inputs cut into shards, and the lines of one shard.
+
+A split's inputs are comma-separated globs (each expanded and sorted; a file
+named twice counts once). The split's stream order is: files in that order,
+each file's lines in file order. A file becomes shards:
+
+* plain text: byte ranges [start, stop) of `shard_bytes`. A line belongs to
+  the shard holding its first byte, so the shards partition the lines
+  whatever the cut points, and a worker reads only its range (`seek`).
+* `.gz` / `.zst`: the whole file is one shard (a compressed stream cannot be
+  entered in the middle). Split such a corpus into several files.
+
+Lines follow `text.iter_lines`: UTF-8, a leading BOM dropped, CR / CRLF / LF
+line ends, surrounding whitespace stripped, empty lines skipped; the lines of
+a PTB file read here equal `text.iter_lines` of it.
+
+A shard's name carries a fingerprint of the preparation settings, the input
+file's identity (path, size, mtime, md5 of its first MiB) and the byte range,
+so a changed input or setting gives new names and never reuses stale output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import gzip
+import hashlib
+import io
+import os
+import pathlib
+from collections.abc import Iterator
+
+from stablemoe_jax.data import text
+from stablemoe_jax.data.locate import DataError
+
+COMPRESSED = ('.gz', '.zst')
+_HEAD_BYTES = 1 << 20
+
+
+class EmptyInputError(DataError):
+  """A glob matches no file, or a split has no input."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSpec:
+  """One unit of work: the lines of `path` whose first byte lies in [start, stop).
+
+  `stop == -1` means to the end of the file (compressed files). `index` is the
+  shard's position in its split's stream order; `name` is its output stem.
+  """
+
+  split: str
+  index: int
+  path: str
+  start: int
+  stop: int
+  name: str
+
+  @property
+  def num_bytes(self) -> int:
+    """Bytes of input the shard covers (a compressed file: its size on disk)."""
+    return (os.path.getsize(self.path) if self.stop < 0 else self.stop) - self.start
+
+
+def expand_inputs(patterns: str, what: str) -> list[pathlib.Path]:
+  """The files of comma-separated globs, each glob sorted, in order, without repeats.
+
+  Raises:
+    EmptyInputError: nothing given, or a glob matches no file (one line naming it).
+  """
+  files: dict[str, None] = {}
+  globs = [p.strip() for p in str(patterns).split(',') if p.strip()]
+  if not globs:
+    raise EmptyInputError(f'{what}: no input given; set it to a file or glob of plain-text files.')
+  for pattern in globs:
+    matched = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
+    if not matched:
+      raise EmptyInputError(f'{what}: {pattern!r} matches no file.')
+    files.update(dict.fromkeys(os.path.abspath(p) for p in matched))
+  return [pathlib.Path(p) for p in files]
+
+
+def file_stat(path: os.PathLike | str) -> str:
+  """'path:size:mtime' of an input file (no read)."""
+  stat = os.stat(path)
+  return f'{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}'
+
+
+def file_identity(path: os.PathLike | str) -> str:
+  """Cheap identity of an input file: `file_stat` and the md5 of its first MiB."""
+  with open(path, 'rb') as f:
+    head = hashlib.md5(f.read(_HEAD_BYTES)).hexdigest()
+  return f'{file_stat(path)}:{head}'
+
+
+def plan_split(split: str, files: list[pathlib.Path], shard_bytes: int, settings: str) -> list[ShardSpec]:
+  """The shards of one split, in stream order (`settings`: fingerprint of everything else)."""
+  if shard_bytes < 1:
+    raise ValueError(f'shard_bytes must be positive, got {shard_bytes}.')
+  specs: list[ShardSpec] = []
+  for path in files:
+    identity = file_identity(path)
+    if path.name.endswith(COMPRESSED):
+      ranges = [(0, -1)]
+    else:
+      size = path.stat().st_size
+      ranges = [(start, min(start + shard_bytes, size)) for start in range(0, size, shard_bytes)] or [(0, 0)]
+    for start, stop in ranges:
+      digest = hashlib.sha256(f'{settings};{identity};{start}:{stop}'.encode()).hexdigest()[:12]
+      index = len(specs)
+      specs.append(ShardSpec(split, index, str(path), start, stop, f'{split}-{index:05d}-{digest}'))
+  return specs
+
+
+def _open_binary(path: str) -> io.BufferedIOBase:
+  if path.endswith('.gz'):
+    return gzip.open(path, 'rb')
+  if path.endswith('.zst'):
+    import zstandard  # Only for .zst inputs (installed with apache-beam).
+    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, 'rb'), closefd=True))
+  return open(path, 'rb')
+
+
+def _line_number(path: str, start: int, lines_in_shard: int) -> int:
+  """1-based number in the file of the shard's `lines_in_shard`-th raw line (only on errors)."""
+  # The shard's first line begins after the first newline at or after byte start - 1.
+  before = 1 if start > 0 else 0
+  with open(path, 'rb') as f:
+    remaining = max(start - 1, 0)
+    while remaining > 0:
+      block = f.read(min(remaining, 1 << 24))
+      if not block:
+        break
+      before += block.count(b'\n')
+      remaining -= len(block)
+  return before + lines_in_shard
+
+
+def iter_raw_lines(spec: ShardSpec) -> Iterator[bytes]:
+  """The raw lines (ending bytes kept) whose first byte lies in the shard's range."""
+  with _open_binary(spec.path) as f:
+    if spec.stop < 0:
+      yield from f
+      return
+    pos = spec.start
+    if pos > 0:
+      f.seek(pos - 1)
+      pos += len(f.readline()) - 1  # Finish the line that began before `start`.
+    while pos < spec.stop:
+      raw = f.readline()
+      if not raw:
+        return
+      pos += len(raw)
+      yield raw
+
+
+def iter_line_batches(spec: ShardSpec, batch_lines: int) -> Iterator[list[str]]:
+  """The shard's non-empty, stripped lines in lists of at most `batch_lines`.
+
+  Raises:
+    text.BadCorpusError: a line is not UTF-8 (names file, line and byte) or
+      the file cannot be read.
+  """
+  batch: list[str] = []
+  number = 0
+  try:
+    for number, raw in enumerate(iter_raw_lines(spec), start=1):
+      if number == 1 and spec.start == 0 and raw.startswith(text.BOM):
+        raw = raw[len(text.BOM):]
+      try:
+        decoded = raw.decode('utf-8')
+      except UnicodeDecodeError as error:
+        line = number if spec.stop < 0 else _line_number(spec.path, spec.start, number)
+        raise text.BadCorpusError(
+            f'{spec.path}, line {line}: byte 0x{raw[error.start:error.start + 1].hex()} at column '
+            f'{error.start + 1} is not UTF-8; convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) '
+            f'or pass --skip_bad_files.') from None
+      # A lone CR ends a line too, as in universal-newline reading.
+      for piece in decoded.split('\r'):
+        piece = piece.strip()
+        if piece:
+          batch.append(piece)
+      if len(batch) >= batch_lines:
+        yield batch
+        batch = []
+  except (OSError, EOFError) as error:  # Unreadable, truncated or corrupt (gzip raises OSError) input.
+    raise text.BadCorpusError(f'{spec.path}: cannot be read after line {number} ({error}); '
+                              f'fix or remove the file, or pass --skip_bad_files.') from None
+  if batch:
+    yield batch
+
+
+def iter_lines(specs: list[ShardSpec]) -> Iterator[str]:
+  """Every line of `specs` in order (e.g. a split's lines for tokenizer training)."""
+  for spec in specs:
+    for batch in iter_line_batches(spec, 4096):
+      yield from batch

@@ -59,9 +59,12 @@ class EncodedSet:
 
   def fitting(self, max_len: int) -> np.ndarray:
     """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
-    source_lengths = np.diff(self.source_offsets)
-    target_lengths = np.diff(self.target_offsets) + 1
-    return np.flatnonzero((source_lengths <= max_len) & (target_lengths <= max_len))
+    return fitting_pairs(np.diff(self.source_offsets), np.diff(self.target_offsets), max_len)
+
+
+def fitting_pairs(source_lengths: np.ndarray, target_lengths: np.ndarray, max_len: int) -> np.ndarray:
+  """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
+  return np.flatnonzero((source_lengths <= max_len) & (target_lengths + 1 <= max_len))
 
 
 def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -54,3 +54,25 @@ def test_record_batches_equal_in_memory_batches_and_resume_exactly(sets):
     assert a.keys() == b.keys()
     for key in a:
       np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_aligned_shards_cut_both_files_at_the_same_lines(tmp_path):
+  from stablemoe_jax.data import shards
+  source, target = tmp_path / "a.de", tmp_path / "a.en"
+  source.write_text("".join(f"quelle {i}\n" * (i % 3 != 1) or "\n" for i in range(23)), encoding="utf-8")
+  target.write_text("".join(f"target number {i} is longer\n" for i in range(23)), encoding="utf-8")
+  for shard_lines in (1, 5, 23, 100):
+    specs = shards.plan_aligned("train", source, target, shard_lines, "s")
+    assert len(specs) == -(-23 // shard_lines)
+    pairs = [p for spec in specs for p in shards.iter_aligned_pairs(spec)]
+    expected = list(zip(source.read_text().split("\n")[:-1], target.read_text().split("\n")[:-1]))
+    assert pairs == expected
+
+
+def test_misaligned_files_are_one_clear_error_naming_both(tmp_path):
+  from stablemoe_jax.data import shards
+  source, target = tmp_path / "b.fr", tmp_path / "b.en"
+  source.write_text("un\ndeux\ntrois\n")
+  target.write_text("one\ntwo\n")
+  with pytest.raises(shards.MisalignedError, match=r"b\.fr has 3 lines but .*b\.en has 2"):
+    shards.plan_aligned("train", source, target, 2, "s")

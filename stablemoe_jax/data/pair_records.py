@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -24,11 +24,14 @@ def pair_record(source: np.ndarray, target: np.ndarray) -> bytes:
   return np.concatenate([[len(source)], source, target]).astype(_INT32).tobytes()
 
 
-def write_pairs(path: pathlib.Path, pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
-  """Writes ``pairs`` (source, target) to ``path`` atomically; returns the number written."""
+def write_pairs(path: pathlib.Path, pairs: Iterable[tuple[np.ndarray, np.ndarray]], rename: bool = True) -> int:
+  """Writes ``pairs`` (source, target) to ``path``; returns the number written.
+
+  ``rename``: write ``path.tmp.PID`` and rename it to ``path`` (else write ``path`` itself: the caller renames).
+  """
   from array_record.python.array_record_module import ArrayRecordWriter
 
-  tmp = path.with_name(f'{path.name}.tmp.{os.getpid()}')
+  tmp = path.with_name(f'{path.name}.tmp.{os.getpid()}') if rename else path
   writer = ArrayRecordWriter(str(tmp), 'group_size:1,uncompressed')
   count = 0
   try:
@@ -37,34 +40,42 @@ def write_pairs(path: pathlib.Path, pairs: Iterable[tuple[np.ndarray, np.ndarray
       count += 1
   finally:
     writer.close()
-  tmp.replace(path)
+  if rename:
+    tmp.replace(path)
   return count
 
 
 class RecordSet:
-  """One named set of one pair read from its array_record file; the interface of ``translation.EncodedSet``
-  that training needs (``len``, ``source(i)``, ``target(i)``, ``fitting(max_len)``)."""
+  """One named set of one pair read from its array_record files (its shards, in order); the interface of
+  ``translation.EncodedSet`` that training needs (``len``, ``source(i)``, ``target(i)``, ``fitting(max_len)``).
 
-  def __init__(self, pair: str, name: str, path: pathlib.Path):
+  Memory: the per-pair lengths (int32 [n] twice), the shards' first indices, and the last pair read.
+  """
+
+  def __init__(self, pair: str, name: str, paths: Sequence[os.PathLike | str]):
     from array_record.python.array_record_module import ArrayRecordReader
 
-    self.pair, self.name, self.path = pair, name, pathlib.Path(path)
-    self._reader = ArrayRecordReader(str(path))
+    self.pair, self.name, self.paths = pair, name, [str(p) for p in paths]
+    self._readers = [ArrayRecordReader(p) for p in self.paths]
+    counts = [r.num_records() for r in self._readers]
+    self._firsts = np.cumsum([0] + counts)
     self._last: tuple[int, np.ndarray] = (-1, np.zeros(0, _INT32))
-    n = self._reader.num_records()
-    self.source_lengths = np.zeros(n, np.int32)
-    self.target_lengths = np.zeros(n, np.int32)
-    for start in range(0, n, 65536):  # Lengths read in slices: memory ~ one slice of records.
-      for i, record in enumerate(self._reader.read(list(range(start, min(start + 65536, n)))), start):
-        row = np.frombuffer(record, _INT32)
-        self.source_lengths[i], self.target_lengths[i] = row[0], len(row) - 1 - row[0]
+    self.source_lengths = np.zeros(self._firsts[-1], np.int32)
+    self.target_lengths = np.zeros(self._firsts[-1], np.int32)
+    for reader, first, n in zip(self._readers, self._firsts, counts):
+      for start in range(0, n, 65536):  # Lengths read in slices: memory ~ one slice of records.
+        for i, record in enumerate(reader.read(list(range(start, min(start + 65536, n)))), first + start):
+          row = np.frombuffer(record, _INT32)
+          self.source_lengths[i], self.target_lengths[i] = row[0], len(row) - 1 - row[0]
 
   def __len__(self) -> int:
     return len(self.source_lengths)
 
   def _row(self, i: int) -> np.ndarray:
     if self._last[0] != i:  # make_rows asks for source(i) then target(i): one read.
-      self._last = (i, np.frombuffer(self._reader.read([int(i)])[0], _INT32))
+      shard = int(np.searchsorted(self._firsts, i, side='right')) - 1
+      record = self._readers[shard].read([int(i - self._firsts[shard])])[0]
+      self._last = (i, np.frombuffer(record, _INT32))
     return self._last[1]
 
   def source(self, i: int) -> np.ndarray:
@@ -75,12 +86,20 @@ class RecordSet:
     row = self._row(i)
     return row[1 + row[0]:]
 
+  def iter_ids(self, block: int = 65536) -> Iterator[np.ndarray]:
+    """Every id of the set (sources and targets), in blocks of at most `block` records."""
+    for reader in self._readers:
+      n = reader.num_records()
+      for start in range(0, n, block):
+        records = reader.read(list(range(start, min(start + block, n))))
+        yield np.concatenate([np.frombuffer(r, _INT32)[1:] for r in records])
+
   def fitting(self, max_len: int) -> np.ndarray:
     from stablemoe_jax.data.translation import fitting_pairs
     return fitting_pairs(self.source_lengths, self.target_lengths, max_len)
 
   def __getstate__(self):
-    return {'pair': self.pair, 'name': self.name, 'path': str(self.path)}
+    return {'pair': self.pair, 'name': self.name, 'paths': self.paths}
 
   def __setstate__(self, state):
-    self.__init__(state['pair'], state['name'], pathlib.Path(state['path']))
+    self.__init__(state['pair'], state['name'], state['paths'])

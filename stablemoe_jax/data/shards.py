@@ -63,6 +63,7 @@ class ShardSpec:
   target_path: str = ''
   target_start: int = 0
   target_stop: int = 0
+  language: str = ''  # the source language, whose tag starts every source
 
   @property
   def num_bytes(self) -> int:
@@ -217,8 +218,8 @@ def _line_starts(path: str, every: int) -> tuple[int, list[int]]:
   return lines, starts
 
 
-def plan_aligned(split: str, source: pathlib.Path, target: pathlib.Path, shard_lines: int, settings: str
-                 ) -> list[ShardSpec]:
+def plan_aligned(split: str, source: pathlib.Path, target: pathlib.Path, shard_lines: int, settings: str,
+                 language: str = '') -> list[ShardSpec]:
   """Shards of a line-aligned parallel file pair: the same line ranges of both files, `shard_lines` a shard.
 
   Lines here are '\\n'-ended (empty lines kept: they hold a place). A compressed file pair is one shard.
@@ -243,7 +244,7 @@ def plan_aligned(split: str, source: pathlib.Path, target: pathlib.Path, shard_l
   for index, ((start, stop), (t_start, t_stop)) in enumerate(bounds):
     digest = hashlib.sha256(f'{settings};{identity};{start}:{stop};{t_start}:{t_stop}'.encode()).hexdigest()[:12]
     specs.append(ShardSpec(split, index, str(source), start, stop, f'{split}-{index:05d}-{digest}',
-                           str(target), t_start, t_stop))
+                           str(target), t_start, t_stop, language))
   return specs
 
 

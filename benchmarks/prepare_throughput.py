@@ -27,17 +27,31 @@ def data_config(inputs: str, valid: str, test: str, tokenizer: str, vocab: int) 
                                         train_files=inputs, valid_files=valid, test_files=test))
 
 
-def run(config, prepared_dir: pathlib.Path, options: prepare.Options) -> dict:
-  shutil.rmtree(prepared_dir / 'shards', ignore_errors=True)
+def run(config, prepared_dir: pathlib.Path, options: prepare.Options, prepare_fn=prepare.prepare,
+        shards_dir: str = 'shards') -> dict:
+  """Prepares the shards from scratch (`prepare_fn`, the tokenizer kept); throughput from their done markers."""
+  shutil.rmtree(prepared_dir / shards_dir, ignore_errors=True)
   started = time.time()
-  report = prepare.prepare(config, prepared_dir, options)
+  report = prepare_fn(config, prepared_dir, options)
   wall = time.time() - started
-  stats = [json.loads(p.read_text()) for p in (prepared_dir / 'shards').glob('*/*.json')]
-  tokens = sum(s['num_tokens'] for s in stats)
+  stats = [json.loads(p.read_text()) for p in (prepared_dir / shards_dir).glob('*/*.json')]
+  tokens, lines = sum(s['num_tokens'] for s in stats), sum(s['num_lines'] for s in stats)
   busy = sum(s['seconds'] for s in stats)
-  return {'workers': options.workers, 'shards': report['shards'], 'tokens': tokens, 'wall_s': round(wall, 2),
-          'tokens_per_s_wall': round(tokens / wall), 'worker_busy_s': round(busy, 2),
-          'tokens_per_s_per_worker': round(tokens / busy), 'max_lines_held': max(s['max_lines_held'] for s in stats)}
+  return {'workers': options.workers, 'shards': report['shards'], 'tokens': tokens, 'lines': lines,
+          'wall_s': round(wall, 2), 'tokens_per_s_wall': round(tokens / wall), 'worker_busy_s': round(busy, 2),
+          'tokens_per_s_per_worker': round(tokens / busy), 'lines_per_s_per_worker': round(lines / busy),
+          'max_lines_held': max(s['max_lines_held'] for s in stats)}
+
+
+def run_worker_counts(results: JsonLines, workers: str, fields: dict, config, prepared_dir: pathlib.Path,
+                      options: prepare.Options, *run_args) -> None:
+  """`run` with each of the comma-separated worker counts; the speed-up is against the first."""
+  base = None
+  for count in map(int, workers.split(',')):
+    result = dict(fields, **run(config, prepared_dir, dataclasses.replace(options, workers=count), *run_args))
+    base = base or result['wall_s']
+    result['speedup_vs_first'] = round(base / result['wall_s'], 2)
+    results.add(result)
 
 
 def main() -> None:
@@ -61,13 +75,8 @@ def main() -> None:
     prepare.prepare_tokenizer(prepare.settings(config), prepare.split_inputs(config)['train'],
                               prepared_dir / 'tokenizer', options.sentencepiece_sample_lines)
     tokenizer_s = time.time() - started
-    base = None
-    for workers in map(int, args.workers.split(',')):
-      result = dict(tokenizer=kind, tokenizer_build_s=round(tokenizer_s, 2),
-                    **run(config, prepared_dir, dataclasses.replace(options, workers=workers)))
-      base = base or result['wall_s']
-      result['speedup_vs_first'] = round(base / result['wall_s'], 2)
-      results.add(result)
+    run_worker_counts(results, args.workers, dict(tokenizer=kind, tokenizer_build_s=round(tokenizer_s, 2)),
+                      config, prepared_dir, options)
   results.save()
 
 

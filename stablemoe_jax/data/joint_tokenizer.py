@@ -52,12 +52,18 @@ class JointSentencePiece:
                               if _is_tag(self._sp.id_to_piece(i)))
 
   @classmethod
-  def train(cls, lines: Iterable[str], vocab_size: int, languages: Sequence[str]) -> JointSentencePiece:
-    """Trains on ``lines`` (stripped, non-empty) with one tag per source language in ``languages``."""
+  def train(cls, lines: Iterable[str], vocab_size: int, languages: Sequence[str], sample_lines: int = 0
+            ) -> JointSentencePiece:
+    """Trains on ``lines`` (stripped, non-empty) with one tag per source language in ``languages``.
+
+    ``sample_lines > 0``: on a seeded sample of at most that many lines (memory ~ the sample); 0: every line.
+    """
+    if sample_lines:
+      spm.set_random_generator_seed(0)
     writer = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_writer=writer, vocab_size=vocab_size, model_type="unigram",
-        character_coverage=1.0, input_sentence_size=0, shuffle_input_sentence=False, num_threads=1,
+        character_coverage=1.0, input_sentence_size=sample_lines, shuffle_input_sentence=bool(sample_lines), num_threads=1,
         pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
         user_defined_symbols=[language_tag(lang) for lang in languages], minloglevel=2)
     return cls(writer.getvalue())

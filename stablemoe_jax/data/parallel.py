@@ -71,11 +71,16 @@ def _aligned(pair: str, name: str, sources: list[str], targets: list[str], where
   return ParallelSet(pair, name, tuple(sources), tuple(targets))
 
 
+def multi30k_files(language: str) -> dict[str, str]:
+  """{set name: file stem} of ``language``-en in ``multi30k/`` (``STEM.{language}``, ``STEM.en``)."""
+  return {"train": "train", "valid": "val", **{t: t for t in MULTI30K_TESTS[language]}}
+
+
 def multi30k_sets(data_dir: pathlib.Path, language: str) -> dict[str, ParallelSet]:
   """{train, valid, test sets} of ``language``-en from ``data_dir/multi30k``."""
   root = data_dir / "multi30k"
   pair = f"{language}-{TARGET_LANGUAGE}"
-  files = {"train": "train", "valid": "val", **{t: t for t in MULTI30K_TESTS[language]}}
+  files = multi30k_files(language)
   return {name: _aligned(pair, name, _read(root / f"{stem}.{language}"), _read(root / f"{stem}.en"),
                          f"{root}/{stem}.{{{language},en}}")
           for name, stem in files.items()}

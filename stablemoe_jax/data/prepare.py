@@ -58,6 +58,7 @@ class Options:
   """How to prepare (flags of the command); none of them changes what a run trains on but the sample size."""
 
   shard_mb: float = 64.0  # plain-text MiB per shard
+  shard_pairs: int = 500_000  # translation: sentence pairs per shard
   chunk_tokens: int = 4096  # tokens per record
   sentencepiece_sample_lines: int = 1_000_000  # the tokenizer's training sample
   batch_lines: int = 8192  # lines a worker tokenizes at once (its memory)
@@ -132,7 +133,7 @@ def prepare_tokenizer(config: Mapping[str, Any], train_files: list[pathlib.Path]
     tokenizer = _train_sentencepiece(lines, config['sentencepiece_vocab_size'], sample_lines)
   tokenizer.save(out_dir)
   meta['vocab_size'] = tokenizer.vocab_size
-  _write_json(meta_path, meta)  # Written last: a directory with tokenizer.json holds a complete tokenizer.
+  write_json(meta_path, meta)  # Written last: a directory with tokenizer.json holds a complete tokenizer.
   return tokenizer
 
 
@@ -242,33 +243,45 @@ def prepare(data_config: Any, prepared_dir: pathlib.Path, options: Options = Opt
   fingerprint = hashlib.sha256(json.dumps(
       [FORMAT_VERSION, tokenizer.kind, tokenizer.fingerprint(), dtype, options.chunk_tokens]).encode()).hexdigest()
   specs = [spec for split in SPLITS for spec in shards.plan_split(split, files[split], options.shard_bytes, fingerprint)]
-  for spec in specs:  # Retry shards that failed before.
-    shard_writer.bad_path(out_dir, spec).unlink(missing_ok=True)
   job = shard_writer.ShardJob(str(out_dir), str(prepared_dir / 'tokenizer'), tokenizer.fingerprint(),
                               options.chunk_tokens, dtype, options.batch_lines)
+  entries, skipped, report = run_shards(specs, out_dir, job, options, started)
+  for split in SPLITS:
+    if not sum(e['num_tokens'] for e in entries.get(split, [])):
+      raise text.BadCorpusError(f'The {split} split has no text (inputs: {", ".join(map(str, files[split]))}).')
+  manifest = dict(config, format=prepared.SHARDS_FORMAT, vocab_size=tokenizer.vocab_size,
+                  tokenizer_fingerprint=tokenizer.fingerprint(), token_dtype=dtype,
+                  chunk_tokens=options.chunk_tokens, inputs=inputs_identity(files), shards=entries,
+                  skipped_files=skipped)
+  write_json(prepared_dir / prepared.MANIFEST, manifest)
+  write_json(prepared_dir / 'prepare_report.json', report)
+  return report
+
+
+def run_shards(specs: list[shards.ShardSpec], out_dir: pathlib.Path, job: shard_writer.ShardJob, options: Options,
+               started: float | None = None) -> tuple[dict[str, list[dict]], list[dict], dict]:
+  """Writes the pending shards of `specs` on Beam, checks them, removes stale files (both tasks).
+
+  Returns ({split: [{file, num_tokens, num_lines}]}, skipped files, the report: shards written / reused,
+  tokens per split, seconds, tokens/s).
+  """
+  started = time.time() if started is None else started
+  for spec in specs:  # Retry shards that failed before.
+    shard_writer.bad_path(out_dir, spec).unlink(missing_ok=True)
   pending = [s for s in specs if not shard_writer.done_path(out_dir, s).exists()]
   reused = len(specs) - len(pending)
   with Progress(specs, out_dir, enabled=options.progress) as bar:
     beam_pipeline.run(pending, job, options.workers, options.beam_args)
   entries, skipped = _collect(specs, out_dir, options.skip_bad_files)
-  for split in SPLITS:
-    if not sum(e['num_tokens'] for e in entries.get(split, [])):
-      raise text.BadCorpusError(f'The {split} split has no text (inputs: {", ".join(map(str, files[split]))}).')
   removed = _remove_stale(out_dir, specs)
-  manifest = dict(config, format=prepared.SHARDS_FORMAT, vocab_size=tokenizer.vocab_size,
-                  tokenizer_fingerprint=tokenizer.fingerprint(), token_dtype=dtype,
-                  chunk_tokens=options.chunk_tokens, inputs=inputs_identity(files), shards=entries,
-                  skipped_files=skipped)
-  _write_json(prepared_dir / prepared.MANIFEST, manifest)
   seconds = time.time() - started
   bad_files = {f['path'] for f in skipped}
   report = {'shards': len(specs), 'shards_reused': reused, 'skipped_files': skipped,
             'shards_written': sum(s.path not in bad_files for s in specs) - reused,
-            'tokens': {split: sum(e['num_tokens'] for e in entries[split]) for split in SPLITS},
+            'tokens': {split: sum(e['num_tokens'] for e in entries.get(split, [])) for split in entries},
             'stale_files_removed': removed, 'tokens_written': bar.tokens, 'seconds': round(seconds, 2),
             'tokens_per_second': round(bar.tokens / seconds), 'workers': options.workers}
-  _write_json(prepared_dir / 'prepare_report.json', report)
-  return report
+  return entries, skipped, report
 
 
 def _readable(path: pathlib.Path) -> bool:
@@ -280,7 +293,7 @@ def _readable(path: pathlib.Path) -> bool:
     return False
 
 
-def _write_json(path: pathlib.Path, value: dict) -> None:
+def write_json(path: pathlib.Path, value: dict) -> None:
   tmp = path.with_name(path.name + '.tmp')
   tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + '\n')
   tmp.replace(path)
@@ -290,9 +303,14 @@ def main(argv: list[str]) -> None:
   from absl import flags
   del argv
   f = flags.FLAGS
-  options = Options(f.shard_mb, f.chunk_tokens, f.sentencepiece_sample_lines, f.batch_lines, f.workers,
-                    f.skip_bad_files, f.beam_args)
-  print(json.dumps(prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)))
+  options = Options(f.shard_mb, f.shard_pairs, f.chunk_tokens, f.sentencepiece_sample_lines, f.batch_lines,
+                    f.workers, f.skip_bad_files, f.beam_args)
+  if f.config.get('task', 'lm') == 'translation':
+    from stablemoe_jax.data import prepare_translation
+    report = prepare_translation.prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)
+  else:
+    report = prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)
+  print(json.dumps(report))
 
 
 def _define_flags() -> None:
@@ -306,6 +324,7 @@ def _define_flags() -> None:
   flags.DEFINE_string('beam_args', '', 'Beam pipeline options for a cluster runner, e.g. '
                       '"--runner=FlinkRunner --flink_master=host:8081 --environment_type=LOOPBACK".')
   flags.DEFINE_float('shard_mb', Options.shard_mb, 'MiB of plain text per shard (a compressed file is one shard).')
+  flags.DEFINE_integer('shard_pairs', Options.shard_pairs, 'Translation: sentence pairs per shard.')
   flags.DEFINE_integer('chunk_tokens', Options.chunk_tokens, 'Tokens per array_record record.')
   flags.DEFINE_integer('sentencepiece_sample_lines', Options.sentencepiece_sample_lines,
                        'sentencepiece trains on a seeded sample of at most this many train lines.')

@@ -8,6 +8,10 @@ Output of shard `NAME` of split `SPLIT` under `out_dir`:
                               chunk's raw little-endian bytes of `token_dtype`
                               (uint16 for vocabularies up to 65,536, else int32);
                               written with group_size:1 for random access.
+    A translation shard (`ShardJob.task == 'translation'`, an aligned `ShardSpec`):
+                              one record per sentence pair, in line order, the
+                              layout of `pair_records` (int32 [len(source),
+                              *source, *target], source = tag + ids + eos).
     SPLIT/NAME.json           {num_tokens, num_lines, num_records, max_lines_held, seconds}
                               written last: the shard is done iff this exists.
     SPLIT/NAME.bad.json       {error}: the shard met a bad line (no records kept).
@@ -29,6 +33,8 @@ import time
 
 import numpy as np
 
+from stablemoe_jax.data import joint_tokenizer
+from stablemoe_jax.data import pair_records
 from stablemoe_jax.data import shards
 from stablemoe_jax.data import text
 from stablemoe_jax.data import tokenizers
@@ -46,6 +52,7 @@ class ShardJob:
   chunk_tokens: int = 4096
   token_dtype: str = 'uint16'
   batch_lines: int = 8192
+  task: str = 'lm'  # 'translation': aligned pair shards, the joint sentencepiece model in tokenizer_dir
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -68,7 +75,11 @@ def _tokenizer(job: ShardJob) -> tokenizers.Tokenizer:
   """The job's tokenizer, loaded once per worker process."""
   tokenizer = _TOKENIZERS.get(job.tokenizer_dir)
   if tokenizer is None or tokenizer.fingerprint() != job.tokenizer_fingerprint:
-    tokenizer = tokenizers.load_tokenizer(job.tokenizer_dir)
+    if job.task == 'translation':
+      model = pathlib.Path(job.tokenizer_dir) / joint_tokenizer.MODEL_FILE
+      tokenizer = joint_tokenizer.JointSentencePiece(model.read_bytes())
+    else:
+      tokenizer = tokenizers.load_tokenizer(job.tokenizer_dir)
     if tokenizer.fingerprint() != job.tokenizer_fingerprint:
       raise RuntimeError(f'The tokenizer in {job.tokenizer_dir} changed during the preparation.')
     _TOKENIZERS[job.tokenizer_dir] = tokenizer
@@ -121,6 +132,24 @@ def _write_records(spec: shards.ShardSpec, job: ShardJob, tmp: pathlib.Path) -> 
   return stats
 
 
+def _write_pair_records(spec: shards.ShardSpec, job: ShardJob, tmp: pathlib.Path) -> dict:
+  tokenizer = _tokenizer(job)
+  tag, eos = tokenizer.tag_id(spec.language), tokenizer.eos_id
+  stats = {'num_tokens': 0, 'num_lines': 0, 'num_records': 0, 'max_lines_held': 0}
+
+  def records():
+    pairs = shards.iter_aligned_pairs(spec)
+    while batch := list(itertools.islice(pairs, job.batch_lines)):
+      stats['max_lines_held'] = max(stats['max_lines_held'], len(batch))
+      sources, targets = (tokenizer._sp.encode(list(side)) for side in zip(*batch))  # One C++ call a side.
+      for source, target in zip(sources, targets):
+        stats['num_tokens'] += len(source) + 2 + len(target)
+        yield np.asarray([tag, *source, eos]), np.asarray(target)
+
+  stats['num_records'] = stats['num_lines'] = pair_records.write_pairs(tmp, records(), rename=False)
+  return stats
+
+
 def process_shard(spec: shards.ShardSpec, job: ShardJob) -> str:
   """Writes one shard unless it is done; returns 'existing', 'written' or 'bad'."""
   done = done_path(job.out_dir, spec)
@@ -131,7 +160,7 @@ def process_shard(spec: shards.ShardSpec, job: ShardJob) -> str:
   tmp = final.with_name(f'{final.name}.tmp.{os.getpid()}')
   started = time.perf_counter()
   try:
-    stats = _write_records(spec, job, tmp)
+    stats = (_write_pair_records if job.task == 'translation' else _write_records)(spec, job, tmp)
   except text.BadCorpusError as error:
     tmp.unlink(missing_ok=True)
     _atomic_json(bad_path(job.out_dir, spec), {'error': str(error), 'path': spec.path})

@@ -41,6 +41,10 @@ class EmptyInputError(DataError):
   """A glob matches no file, or a split has no input."""
 
 
+class MisalignedError(DataError):
+  """The source and target files of a parallel set have different line counts."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardSpec:
   """One unit of work: the lines of `path` whose first byte lies in [start, stop).
@@ -55,6 +59,11 @@ class ShardSpec:
   start: int
   stop: int
   name: str
+  # Translation (`plan_aligned`): the target file's byte range holding the same lines as [start, stop).
+  target_path: str = ''
+  target_start: int = 0
+  target_stop: int = 0
+  language: str = ''  # the source language, whose tag starts every source
 
   @property
   def num_bytes(self) -> int:
@@ -195,3 +204,66 @@ def iter_lines(specs: list[ShardSpec]) -> Iterator[str]:
   for spec in specs:
     for batch in iter_line_batches(spec, 4096):
       yield from batch
+
+
+def _line_starts(path: str, every: int) -> tuple[int, list[int]]:
+  """(number of '\\n'-ended lines, byte offset of lines every, 2 * every, ...) of a file (one streaming pass)."""
+  lines, starts, offset = 0, [], 0
+  with _open_binary(path) as f:
+    for raw in f:
+      lines += 1
+      offset += len(raw)
+      if lines % every == 0:
+        starts.append(offset)
+  return lines, starts
+
+
+def plan_aligned(split: str, source: pathlib.Path, target: pathlib.Path, shard_lines: int, settings: str,
+                 language: str = '') -> list[ShardSpec]:
+  """Shards of a line-aligned parallel file pair: the same line ranges of both files, `shard_lines` a shard.
+
+  Lines here are '\\n'-ended (empty lines kept: they hold a place). A compressed file pair is one shard.
+
+  Raises:
+    MisalignedError: the two files have different line counts (names both).
+  """
+  if shard_lines < 1:
+    raise ValueError(f'shard_lines must be positive, got {shard_lines}.')
+  (n_source, source_starts), (n_target, target_starts) = (_line_starts(str(p), shard_lines) for p in (source, target))
+  if n_source != n_target:
+    raise MisalignedError(f'{source} has {n_source} lines but {target} has {n_target}; the source and target '
+                          f'files of a pair must be line-aligned (one sentence pair a line).')
+  identity = f'{file_identity(source)};{file_identity(target)}'
+  if str(source).endswith(COMPRESSED) or str(target).endswith(COMPRESSED):
+    bounds = [((0, -1), (0, -1))]
+  else:
+    cuts = lambda starts, path: [0] + starts[:-1 if n_source % shard_lines == 0 else None] + [path.stat().st_size]
+    s_cuts, t_cuts = cuts(source_starts, source), cuts(target_starts, target)
+    bounds = list(zip(zip(s_cuts, s_cuts[1:]), zip(t_cuts, t_cuts[1:])))
+  specs = []
+  for index, ((start, stop), (t_start, t_stop)) in enumerate(bounds):
+    digest = hashlib.sha256(f'{settings};{identity};{start}:{stop};{t_start}:{t_stop}'.encode()).hexdigest()[:12]
+    specs.append(ShardSpec(split, index, str(source), start, stop, f'{split}-{index:05d}-{digest}',
+                           str(target), t_start, t_stop, language))
+  return specs
+
+
+def iter_aligned_pairs(spec: ShardSpec) -> Iterator[tuple[str, str]]:
+  """(source, target) lines of an aligned shard, stripped, empty ones kept, a leading BOM dropped.
+
+  Raises:
+    text.BadCorpusError: a line is not UTF-8 (names the file and line).
+  """
+  target = dataclasses.replace(spec, path=spec.target_path, start=spec.target_start, stop=spec.target_stop)
+  for number, raws in enumerate(zip(iter_raw_lines(spec), iter_raw_lines(target)), start=1):
+    lines = []
+    for side, raw in zip((spec, target), raws):
+      if number == 1 and side.start == 0 and raw.startswith(text.BOM):
+        raw = raw[len(text.BOM):]
+      try:
+        lines.append(raw.decode('utf-8').strip())
+      except UnicodeDecodeError:
+        line = number if side.stop < 0 else _line_number(side.path, side.start, number)
+        raise text.BadCorpusError(f'{side.path}, line {line}: not UTF-8; convert the file to UTF-8 or pass '
+                                  f'--skip_bad_files.') from None
+    yield lines[0], lines[1]

@@ -26,6 +26,7 @@ import numpy as np
 
 from stablemoe_jax.data import parallel
 from stablemoe_jax.data.joint_tokenizer import BOS_ID, EOS_ID, JointSentencePiece
+from stablemoe_jax.data.pair_records import RecordSet
 from stablemoe_jax.data.locate import ENV_VAR, DataError, DataNotFoundError
 from stablemoe_jax.models.seq2seq import PAD_ID
 
@@ -59,9 +60,12 @@ class EncodedSet:
 
   def fitting(self, max_len: int) -> np.ndarray:
     """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
-    source_lengths = np.diff(self.source_offsets)
-    target_lengths = np.diff(self.target_offsets) + 1
-    return np.flatnonzero((source_lengths <= max_len) & (target_lengths <= max_len))
+    return fitting_pairs(np.diff(self.source_offsets), np.diff(self.target_offsets), max_len)
+
+
+def fitting_pairs(source_lengths: np.ndarray, target_lengths: np.ndarray, max_len: int) -> np.ndarray:
+  """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
+  return np.flatnonzero((source_lengths <= max_len) & (target_lengths + 1 <= max_len))
 
 
 def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -203,20 +207,20 @@ class TranslationData:
     """int64 [vocab_size]: ids of the training sources and decoder inputs (the ids the routers read)."""
     counts = np.zeros(vocab_size, np.int64)
     for s in self.split_sets("train"):
-      counts += np.bincount(s.source_ids, minlength=vocab_size)[:vocab_size]
-      counts += np.bincount(s.target_ids, minlength=vocab_size)[:vocab_size]
+      for ids in ((s.source_ids, s.target_ids) if isinstance(s, EncodedSet) else s.iter_ids()):
+        counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
       counts[BOS_ID] += len(s)
     return counts
 
 
-def _settings(data_config: Any) -> dict:
+def settings(data_config: Any) -> dict:
   return {"pairs": list(parallel.parse_pairs(data_config.pairs)),
           "bible_valid_books": list(parallel.parse_books(data_config.bible_valid_books)),
           "bible_test_books": list(parallel.parse_books(data_config.bible_test_books)),
           "sentencepiece_vocab_size": int(data_config.sentencepiece_vocab_size)}
 
 
-def _data_dir(data_config: Any) -> pathlib.Path | None:
+def data_dir(data_config: Any) -> pathlib.Path | None:
   configured = data_config.get("data_dir", "") or os.environ.get(ENV_VAR, "")
   return pathlib.Path(configured).expanduser() if configured else None
 
@@ -226,7 +230,16 @@ def _save_set(directory: pathlib.Path, s: EncodedSet) -> None:
            target_ids=s.target_ids, target_offsets=s.target_offsets)
 
 
-def _load_set(directory: pathlib.Path, pair: str, name: str) -> EncodedSet:
+def _shard_set(directory: pathlib.Path, pair: str, name: str, manifest: dict) -> EncodedSet | RecordSet:
+  """A set prepared by ``prepare`` (shards): training sets read by random access, evaluation sets in memory."""
+  records = RecordSet(pair, name, [directory / f for f in manifest["shards"][pair][name]])
+  if name == "train":
+    return records
+  rows = [(records.source(i), records.target(i)) for i in range(len(records))]
+  return EncodedSet(pair, name, *_flatten([r[0] for r in rows]), *_flatten([r[1] for r in rows]))
+
+
+def _load_set(directory: pathlib.Path, pair: str, name: str, manifest: dict | None = None) -> EncodedSet:
   with np.load(directory / f"{pair}.{name}.npz") as f:
     return EncodedSet(pair, name, f["source_ids"], f["source_offsets"], f["target_ids"], f["target_offsets"])
 
@@ -241,29 +254,30 @@ def load_translation_data(data_config: Any, prepared_dir: pathlib.Path) -> Trans
     DataNotFoundError: nothing prepared and a corpus file is missing (the message names it and the fix).
     DataError: the prepared data was built with other settings.
   """
-  settings = _settings(data_config)
+  wanted = settings(data_config)
   directory = pathlib.Path(prepared_dir) / "translation"
   manifest_path = directory / MANIFEST
   if manifest_path.is_file():
     manifest = json.loads(manifest_path.read_text())
-    if manifest["settings"] != settings:
+    if manifest["settings"] != wanted:
       raise DataError(f"{directory} was prepared with other data settings ({manifest['settings']}, this config "
-                      f"{settings}); use a new --workdir or delete {directory}.")
-    tokenizer = JointSentencePiece.load(directory / "tokenizer", settings)
-    sets = {pair: {name: _load_set(directory, pair, name) for name in names}
+                      f"{wanted}); use a new --workdir or delete {directory}.")
+    tokenizer = JointSentencePiece.load(directory / "tokenizer", wanted)
+    load = _shard_set if manifest.get("format") == "shards" else _load_set
+    sets = {pair: {name: load(directory, pair, name, manifest) for name in names}
             for pair, names in manifest["sets"].items()}
     return TranslationData(tokenizer, sets, directory)
-  data_dir = _data_dir(data_config)
-  if data_dir is None:
+  root = data_dir(data_config)
+  if root is None:
     raise DataNotFoundError(f"no data directory: set --config.data.data_dir or ${ENV_VAR} to the folder holding "
                             f"multi30k/ and bible_es_en/.")
-  raw = parallel.read_sets(data_dir, tuple(settings["pairs"]), tuple(settings["bible_valid_books"]),
-                           tuple(settings["bible_test_books"]))
-  languages = [pair.split("-")[0] for pair in settings["pairs"]]
+  raw = parallel.read_sets(root, tuple(wanted["pairs"]), tuple(wanted["bible_valid_books"]),
+                           tuple(wanted["bible_test_books"]))
+  languages = [pair.split("-")[0] for pair in wanted["pairs"]]
   training_text = _training_lines(raw)
-  tokenizer = JointSentencePiece.train(training_text, settings["sentencepiece_vocab_size"], languages)
+  tokenizer = JointSentencePiece.train(training_text, wanted["sentencepiece_vocab_size"], languages)
   directory.mkdir(parents=True, exist_ok=True)
-  tokenizer.save(directory / "tokenizer", settings)
+  tokenizer.save(directory / "tokenizer", wanted)
   sets = {pair: {name: encode_set(tokenizer, ps) for name, ps in named.items()} for pair, named in raw.items()}
   for named in sets.values():
     for s in named.values():
@@ -273,7 +287,7 @@ def load_translation_data(data_config: Any, prepared_dir: pathlib.Path) -> Trans
       if name != "train":
         for side, lines in (("src", ps.sources), ("ref", ps.targets)):
           (directory / f"{pair}.{name}.{side}.txt").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-  manifest = {"settings": settings, "tokenizer_md5": tokenizer.fingerprint(),
+  manifest = {"settings": wanted, "tokenizer_md5": tokenizer.fingerprint(),
               "sets": {pair: list(named) for pair, named in sets.items()},
               "sizes": {pair: {name: len(s) for name, s in named.items()} for pair, named in sets.items()}}
   (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")  # last: its presence means complete

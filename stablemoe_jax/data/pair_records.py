@@ -1,0 +1,105 @@
+"""Encoded sentence pairs in an array_record file, read back by random access.
+
+Record i of a set's file is pair i, little-endian int32:
+
+    [len(source), *source, *target]
+
+where source = ``[__xx__] + ids + [eos]`` and target = the bare ids (as in ``translation.EncodedSet``).
+The file is written with group_size:1 (one record per chunk, so reading pair i decodes pair i only), under
+``NAME.tmp.PID`` and then renamed into place. The reader keeps the per-pair lengths (two int32 [n]
+arrays, 8 bytes a pair) in memory, nothing else: a batch reads its B pairs from disk.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+_INT32 = np.dtype('<i4')
+
+
+def pair_record(source: np.ndarray, target: np.ndarray) -> bytes:
+  return np.concatenate([[len(source)], source, target]).astype(_INT32).tobytes()
+
+
+def write_pairs(path: pathlib.Path, pairs: Iterable[tuple[np.ndarray, np.ndarray]], rename: bool = True) -> int:
+  """Writes ``pairs`` (source, target) to ``path``; returns the number written.
+
+  ``rename``: write ``path.tmp.PID`` and rename it to ``path`` (else write ``path`` itself: the caller renames).
+  """
+  from array_record.python.array_record_module import ArrayRecordWriter
+
+  tmp = path.with_name(f'{path.name}.tmp.{os.getpid()}') if rename else path
+  writer = ArrayRecordWriter(str(tmp), 'group_size:1,uncompressed')
+  count = 0
+  try:
+    for source, target in pairs:
+      writer.write(pair_record(source, target))
+      count += 1
+  finally:
+    writer.close()
+  if rename:
+    tmp.replace(path)
+  return count
+
+
+class RecordSet:
+  """One named set of one pair read from its array_record files (its shards, in order); the interface of
+  ``translation.EncodedSet`` that training needs (``len``, ``source(i)``, ``target(i)``, ``fitting(max_len)``).
+
+  Memory: the per-pair lengths (int32 [n] twice), the shards' first indices, and the last pair read.
+  """
+
+  def __init__(self, pair: str, name: str, paths: Sequence[os.PathLike | str]):
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    self.pair, self.name, self.paths = pair, name, [str(p) for p in paths]
+    self._readers = [ArrayRecordReader(p) for p in self.paths]
+    counts = [r.num_records() for r in self._readers]
+    self._firsts = np.cumsum([0] + counts)
+    self._last: tuple[int, np.ndarray] = (-1, np.zeros(0, _INT32))
+    self.source_lengths = np.zeros(self._firsts[-1], np.int32)
+    self.target_lengths = np.zeros(self._firsts[-1], np.int32)
+    for reader, first, n in zip(self._readers, self._firsts, counts):
+      for start in range(0, n, 65536):  # Lengths read in slices: memory ~ one slice of records.
+        for i, record in enumerate(reader.read(list(range(start, min(start + 65536, n)))), first + start):
+          row = np.frombuffer(record, _INT32)
+          self.source_lengths[i], self.target_lengths[i] = row[0], len(row) - 1 - row[0]
+
+  def __len__(self) -> int:
+    return len(self.source_lengths)
+
+  def _row(self, i: int) -> np.ndarray:
+    if self._last[0] != i:  # make_rows asks for source(i) then target(i): one read.
+      shard = int(np.searchsorted(self._firsts, i, side='right')) - 1
+      record = self._readers[shard].read([int(i - self._firsts[shard])])[0]
+      self._last = (i, np.frombuffer(record, _INT32))
+    return self._last[1]
+
+  def source(self, i: int) -> np.ndarray:
+    row = self._row(i)
+    return row[1:1 + row[0]]
+
+  def target(self, i: int) -> np.ndarray:
+    row = self._row(i)
+    return row[1 + row[0]:]
+
+  def iter_ids(self, block: int = 65536) -> Iterator[np.ndarray]:
+    """Every id of the set (sources and targets), in blocks of at most `block` records."""
+    for reader in self._readers:
+      n = reader.num_records()
+      for start in range(0, n, block):
+        records = reader.read(list(range(start, min(start + block, n))))
+        yield np.concatenate([np.frombuffer(r, _INT32)[1:] for r in records])
+
+  def fitting(self, max_len: int) -> np.ndarray:
+    from stablemoe_jax.data.translation import fitting_pairs
+    return fitting_pairs(self.source_lengths, self.target_lengths, max_len)
+
+  def __getstate__(self):
+    return {'pair': self.pair, 'name': self.name, 'paths': self.paths}
+
+  def __setstate__(self, state):
+    self.__init__(state['pair'], state['name'], state['paths'])

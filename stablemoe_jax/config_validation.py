@@ -143,9 +143,6 @@ def _check_translation(config) -> None:
     _require(decode.length_penalty >= 0, f"decode.length_penalty={decode.length_penalty} must be >= 0.")
   _require(train.get("schedule", "linear") in SCHEDULES,
            f"train.schedule={train.get('schedule')!r} is unknown; choose one of {SCHEDULES}.")
-  _require(config.analysis.record_every == 0 and not config.analysis.report_at_end,
-           "routing records and the routing report are built for the language model only; set "
-           "--config.analysis.record_every=0 --config.analysis.report_at_end=False for translation.")
   # A decode step sees one position; only a router of the token id alone routes it as the whole sequence did.
   _require(moe.get("distilled_router") is None or moe.distilled_router.kind == "embedding",
            f"model.moe.distilled_router.kind={moe.distilled_router.kind!r}: translation decodes one position at "

@@ -5,6 +5,7 @@ Batches: ``source``, ``decoder_inputs``, ``targets`` int32 [B, L] and ``weights`
 """
 from __future__ import annotations
 
+import itertools
 import pathlib
 
 import jax
@@ -36,6 +37,11 @@ class TranslationTask:
     rows = jnp.zeros((1, config.train.seq_len), jnp.int32)
     return rows, rows
 
+  def batch_shapes(self, rows, seq_len):
+    shape = (rows, seq_len)
+    ids = {name: jax.ShapeDtypeStruct(shape, jnp.int32) for name in ("source", "decoder_inputs", "targets")}
+    return {**ids, "weights": jax.ShapeDtypeStruct(shape, jnp.float32)}
+
   def model_inputs(self, batch):
     return batch["source"], batch["decoder_inputs"]
 
@@ -57,6 +63,20 @@ class TranslationTask:
     del stride  # sentences are scored whole
     return data_lib.eval_batches(data.split_sets(split), config.eval.batch_size, config.eval.seq_len,
                                  config.eval.get("max_sentences", 0))
+
+  def routing_sample(self, data, config, rows: int):
+    """The first validation pairs that fit ``train.seq_len``, taken in turn from each pair's set (so every pair
+    is in the sample); fewer fitting pairs than ``rows`` leave padding rows, which no report counts."""
+    fitting = [[(s, int(i)) for i in s.fitting(config.train.seq_len)] for s in data.split_sets("valid")]
+    picks = [p for group in itertools.zip_longest(*fitting) for p in group if p is not None][:rows]
+    return data_lib.make_rows(picks, rows, config.train.seq_len)
+
+  def routing_tokens(self, layer, batch):
+    """Encoder layers route the source, decoder layers the decoder inputs (bos + target); pad is no token."""
+    if layer.startswith("encoder"):
+      source = np.asarray(batch["source"])
+      return source, source != data_lib.PAD_ID
+    return np.asarray(batch["decoder_inputs"]), np.asarray(batch["weights"]) > 0
 
   def train_token_counts(self, data, vocab_size: int) -> np.ndarray:
     return data.train_token_counts(vocab_size)

@@ -127,6 +127,14 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
 def _check_translation(config) -> None:
   """What translation needs beyond the shared checks (tasks/translation.py)."""
   train, moe = config.train, config.model.moe
+  corpus = config.data.get("corpus", "multi30k_bible")
+  _require(corpus in ("multi30k_bible", "wmt"), f"data.corpus={corpus!r} is unknown; choose multi30k_bible or wmt.")
+  if corpus == "wmt":
+    from stablemoe_jax.data.wmt import parse_wmt_pairs
+    try:
+      parse_wmt_pairs(config.data.pairs)
+    except ValueError as error:
+      raise ConfigError(str(error)) from None
   _require(config.data.get("sampling_temperature", 1.0) > 0,
            f"data.sampling_temperature={config.data.get('sampling_temperature')} must be > 0 (1: proportional).")
   _require(0.0 <= train.get("label_smoothing", 0.0) < 1.0,

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablemoe_jax.data import translation as data_lib
+from stablemoe_jax.data import wmt
 from stablemoe_jax.decoding.bleu_report import bleu_report
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
 from stablemoe_jax.train.losses import label_smoothed_nll, token_nll
@@ -28,6 +29,8 @@ class TranslationTask:
     self._label_smoothing = float(config.train.get("label_smoothing", 0.0))
 
   def load_data(self, data_config, prepared_dir):
+    if data_config.get("corpus", "multi30k_bible") == "wmt":
+      return wmt.load_wmt_data(data_config, pathlib.Path(prepared_dir))
     return data_lib.load_translation_data(data_config, pathlib.Path(prepared_dir))
 
   def build_model(self, model_config):

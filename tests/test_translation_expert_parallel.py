@@ -35,5 +35,5 @@ def test_translation_expert2_matches_one_device(layouts):
   assert _compare(arrays, "sown", rtol=1e-5, atol=1e-7) == len(sown)
   for name in [k for k in arrays.files if k.startswith("one_device/") and ("load" in k or "dropped" in k)]:
     np.testing.assert_array_equal(arrays[name.replace("one_device/", "expert2/")], arrays[name], err_msg=name)
-  assert np.isfinite(float(arrays["one_device/metrics/0/loss"] if "one_device/metrics/0/loss" in arrays.files
-                           else arrays["one_device/logits"].sum()))
+  metrics = [k for k in arrays.files if k.startswith("one_device/metrics/0/")]
+  assert any("encoder_moe" in k for k in metrics) and any("decoder_moe" in k for k in metrics), metrics

@@ -130,7 +130,7 @@ def _check_translation(config) -> None:
   corpus = config.data.get("corpus", "multi30k_bible")
   _require(corpus in ("multi30k_bible", "wmt"), f"data.corpus={corpus!r} is unknown; choose multi30k_bible or wmt.")
   if corpus == "wmt":
-    from stablemoe_jax.data.wmt import parse_wmt_pairs
+    from stablemoe_jax.data.wmt import parse_wmt_pairs  # here: importing data/ loads the input pipeline
     try:
       parse_wmt_pairs(config.data.pairs)
     except ValueError as error:

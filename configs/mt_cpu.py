@@ -55,7 +55,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.decode.max_len = 0  # generated tokens (eos included); 0: model.max_len
   config.decode.batch_size = 64  # sentences decoded together
 
-  # The routing records and report read the language model's token stream; translation has none yet.
-  config.analysis.record_every = 0
-  config.analysis.report_at_end = False
+  # Routing records of a fixed sample of validation pairs (encoder: sources, decoder: targets), 31 over the run.
+  config.analysis.record_every = 100
+  config.analysis.sample_tokens = 4096  # 64 pairs of train.seq_len
+  config.analysis.report_at_end = True
   return config

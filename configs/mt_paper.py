@@ -3,8 +3,8 @@ sublayers in 2 MoE layers (after encoder and decoder block 3), 64K sentencepiece
 512K tokens a batch, Adam (0.9, 0.98), lr 5e-4 inverse-sqrt after 4K warmup steps, 352K steps of which 30K
 stage 1, clip 0.1, dropout 0.1, label smoothing 0.1.
 
-The paper trains on WMT (fr, cs, de, fi, lv, et, ro, hi, tr into English); that data config is not built yet,
-so this preset reads the offline Multi30k + Bible pairs of configs/mt_cpu.py.
+The paper trains on WMT (fr, cs, de, fi, lv, et, ro, hi, tr into English): configs/mt_wmt.py; this preset reads
+the offline Multi30k + Bible pairs of configs/mt_cpu.py.
 """
 from configs import mt_cpu
 

@@ -127,6 +127,14 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
 def _check_translation(config) -> None:
   """What translation needs beyond the shared checks (tasks/translation.py)."""
   train, moe = config.train, config.model.moe
+  corpus = config.data.get("corpus", "multi30k_bible")
+  _require(corpus in ("multi30k_bible", "wmt"), f"data.corpus={corpus!r} is unknown; choose multi30k_bible or wmt.")
+  if corpus == "wmt":
+    from stablemoe_jax.data.wmt import parse_wmt_pairs  # here: importing data/ loads the input pipeline
+    try:
+      parse_wmt_pairs(config.data.pairs)
+    except ValueError as error:
+      raise ConfigError(str(error)) from None
   _require(config.data.get("sampling_temperature", 1.0) > 0,
            f"data.sampling_temperature={config.data.get('sampling_temperature')} must be > 0 (1: proportional).")
   _require(0.0 <= train.get("label_smoothing", 0.0) < 1.0,
@@ -143,9 +151,6 @@ def _check_translation(config) -> None:
     _require(decode.length_penalty >= 0, f"decode.length_penalty={decode.length_penalty} must be >= 0.")
   _require(train.get("schedule", "linear") in SCHEDULES,
            f"train.schedule={train.get('schedule')!r} is unknown; choose one of {SCHEDULES}.")
-  _require(config.analysis.record_every == 0 and not config.analysis.report_at_end,
-           "routing records and the routing report are built for the language model only; set "
-           "--config.analysis.record_every=0 --config.analysis.report_at_end=False for translation.")
   # A decode step sees one position; only a router of the token id alone routes it as the whole sequence did.
   _require(moe.get("distilled_router") is None or moe.distilled_router.kind == "embedding",
            f"model.moe.distilled_router.kind={moe.distilled_router.kind!r}: translation decodes one position at "

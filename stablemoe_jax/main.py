@@ -16,9 +16,7 @@ from ml_collections import config_flags
 from stablemoe_jax import cli
 from stablemoe_jax import plan as plan_lib
 from stablemoe_jax.analysis import command as analysis_command
-from stablemoe_jax.config_validation import ConfigError
 from stablemoe_jax.decoding import command as translate_command
-from stablemoe_jax.tasks import task_name
 from stablemoe_jax.train import loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
@@ -69,9 +67,6 @@ def main(argv: list[str]) -> None:
   log = sys.stderr if _MODE.value == "translate" else sys.stdout  # translate's stdout is the translations
   if jax.process_index() == 0:
     print(f"{jax.process_count()} process(es), devices: {jax.devices()}", file=log, flush=True)
-  if _MODE.value in ("plan", "analyze") and task_name(_CONFIG.value) != "lm":
-    raise ConfigError(f"--mode={_MODE.value} supports the language model only so far (task='lm'); this config has "
-                      f"task={task_name(_CONFIG.value)!r}.")
   if _MODE.value == "plan":
     plan_lib.check_plan_flags(_PLAN_DEVICES.value, _PLAN_MEMORY.value)
     result = plan_lib.plan(_CONFIG.value, _PLAN_DEVICES.value, _PLAN_MEMORY.value)

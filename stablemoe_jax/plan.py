@@ -18,9 +18,10 @@ import ml_collections
 from jax.sharding import AbstractMesh
 
 from stablemoe_jax.config_validation import ConfigError, validate_config
-from stablemoe_jax.models.transformer import TransformerLM, has_moe_layers, moe_positions
+from stablemoe_jax.models.transformer import has_moe_layers, moe_positions
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
+from stablemoe_jax.tasks import make_task, task_name
 from stablemoe_jax.train import state as state_lib
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.step import make_train_step
@@ -31,10 +32,26 @@ GIB = 2**30
 
 
 def _resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy with ``model.vocab_size`` set: translation's is its joint sentencepiece model's size."""
   config = ml_collections.ConfigDict(config.to_dict())
   if not config.model.vocab_size:
-    config.model.vocab_size = DEFAULT_PLAN_VOCAB
+    translation = task_name(config) == "translation"
+    config.model.vocab_size = config.data.sentencepiece_vocab_size if translation else DEFAULT_PLAN_VOCAB
   return config
+
+
+def _abstract_init(config: ml_collections.ConfigDict):
+  """(model, optimizer, the state's init function with logical axes) of ``config``'s task."""
+  task = make_task(config)
+  model, tx = task.build_model(config.model), make_optimizer(config.train)
+  init = state_lib._boxed_init(model, tx, 0, config.train.seq_len, task.sample_inputs(config))  # pylint: disable=protected-access
+  return task, model, tx, init
+
+
+def num_moe_layers(config: ml_collections.ConfigDict) -> int:
+  """MoE layers of the model: the placement's positions, in each of the encoder and decoder for translation."""
+  stacks = 2 if task_name(config) == "translation" else 1
+  return stacks * len(moe_positions(config.model.num_layers, config.model.moe.placement))
 
 
 def _per_device_bytes(shardings: Any, shapes: Any) -> int:
@@ -49,8 +66,8 @@ def _per_device_bytes(shardings: Any, shapes: Any) -> int:
 def state_bytes_per_device(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
   """Exact per-device bytes of parameters and optimizer state on a ``(data, expert)`` mesh of ``num_devices``."""
   mesh = AbstractMesh((num_devices // config.mesh.expert, config.mesh.expert), sharding_lib.MESH_AXES)
-  model, tx = TransformerLM(config.model), make_optimizer(config.train)
-  boxed = jax.eval_shape(state_lib._boxed_init(model, tx, 0, config.train.seq_len))  # pylint: disable=protected-access
+  _, _, _, init = _abstract_init(config)
+  boxed = jax.eval_shape(init)
   shardings = sharding_lib.state_shardings(boxed, mesh)
   shapes = nn.unbox(boxed)
   return {"params": _per_device_bytes(shardings.params, shapes.params),
@@ -64,16 +81,20 @@ def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
   Per token: each block keeps about ``10 d + 2 d_ff`` values (LayerNorm inputs and outputs, q/k/v,
   attention and FFN outputs, the ReLU input) plus its attention probabilities ``H * S``; each MoE
   sublayer ``(4 d + 2 d_ff_e)`` per capacity slot (``capacity_factor`` slots per token, plus the
-  dispatch buffers); the LM head its float32 logits and their softmax (``2 V``).
+  dispatch buffers); the LM head its float32 logits and their softmax (``2 V``). Translation: the encoder's
+  blocks over the source and the decoder's over the target, each decoder block with a cross-attention
+  (``4 d`` more and ``H * S`` more probabilities a token); its MoE layers split between the two.
   """
   model, train = config.model, config.train
   itemsize = jnp.dtype(model.dtype).itemsize
-  tokens = train.batch_size // microbatches * train.seq_len / num_devices
-  per_token = model.num_layers * ((10 * model.d_model + 2 * model.d_ff) * itemsize
-                                  + model.num_heads * train.seq_len * 4)
+  tokens = train.batch_size // microbatches * train.seq_len / num_devices  # a stream's (source or target) tokens
+  block = (10 * model.d_model + 2 * model.d_ff) * itemsize + model.num_heads * train.seq_len * 4
+  per_token = model.num_layers * block
+  if task_name(config) == "translation":  # + the encoder over as many source tokens, + cross-attention
+    per_token += model.num_layers * (block + 4 * model.d_model * itemsize + model.num_heads * train.seq_len * 4)
   if has_moe_layers(model):
     moe = model.moe
-    layers = len(moe_positions(model.num_layers, moe.placement))
+    layers = num_moe_layers(config)
     sublayers = max(1, moe.sublayers_per_expert // layers)
     slots = max(moe.capacity_factor, 1.0)
     per_token += layers * slots * (sublayers * (4 * model.d_model + 2 * (moe.d_ff or model.d_ff))
@@ -91,7 +112,7 @@ def all_to_all_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
   tokens = train.batch_size * train.seq_len  # the whole step, all microbatches
   capacity_slots = moe.num_experts * math.ceil(moe.capacity_factor * tokens / moe.num_groups / moe.num_experts)
   buffer = capacity_slots * moe.num_groups / num_devices * model.d_model * jnp.dtype(model.dtype).itemsize
-  layers = len(moe_positions(model.num_layers, moe.placement))
+  layers = num_moe_layers(config)  # translation: each layer routes one stream (source or target) of the batch
   # Dispatch and return in the forward, their transposes in the backward; the local share stays put.
   return int(4 * layers * buffer * (expert_devices - 1) / expert_devices)
 
@@ -101,17 +122,14 @@ def compiled_temp_bytes(config: ml_collections.ConfigDict, num_devices: int) -> 
   if jax.device_count() < num_devices:
     return None
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:num_devices])
-  model, tx = TransformerLM(config.model), make_optimizer(config.train)
-  state_shardings = state_lib.train_state_shardings(model, tx, config.train.seq_len, mesh)
+  task, model, tx, init = _abstract_init(config)
+  state_shardings = sharding_lib.state_shardings(jax.eval_shape(init), mesh)
   batch_sharding = sharding_lib.batch_sharding(mesh)
-  step = jax.jit(make_train_step(model, tx, config), donate_argnums=0,
+  step = jax.jit(make_train_step(model, tx, config, task), donate_argnums=0,
                  in_shardings=(state_shardings, batch_sharding),
                  out_shardings=(state_shardings, sharding_lib.replicated(mesh)))
-  shapes = jax.eval_shape(lambda: nn.unbox(state_lib._boxed_init(model, tx, 0, config.train.seq_len)()))  # pylint: disable=protected-access
-  rows, seq = config.train.batch_size, config.train.seq_len
-  batch = {"inputs": jax.ShapeDtypeStruct((rows, seq), jnp.int32),
-           "targets": jax.ShapeDtypeStruct((rows, seq), jnp.int32),
-           "weights": jax.ShapeDtypeStruct((rows, seq), jnp.float32)}
+  shapes = jax.eval_shape(lambda: nn.unbox(init()))
+  batch = task.batch_shapes(config.train.batch_size, config.train.seq_len)
   with jax.set_mesh(mesh):
     compiled = step.lower(shapes, batch).compile()
   return int(compiled.memory_analysis().temp_size_in_bytes)

@@ -39,10 +39,11 @@ def shares_after(last: np.ndarray, final_step: int, fractions=FRACTIONS) -> dict
   return {f"after_{round(100 * f)}": float(np.mean(last > f * final_step)) for f in fractions}
 
 
-def _layer_summary(steps: np.ndarray, assignments: np.ndarray, stage1_steps: int) -> dict:
-  """steps [K], assignments [K, T] (or [K, L, T]) -> shares and the stage-2 stability check."""
-  last = last_fluctuation_steps(steps, assignments)
-  stage2 = assignments[steps >= stage1_steps]
+def _layer_summary(steps: np.ndarray, assignments: np.ndarray, stage1_steps: int, mask: np.ndarray) -> dict:
+  """steps [K], assignments [K, T] (or [K, L, T]), mask bool [T] (or [L, T]; False: padding, not counted)
+  -> shares and the stage-2 stability check."""
+  last = last_fluctuation_steps(steps, assignments)[mask]
+  stage2 = assignments[steps >= stage1_steps][:, mask]
   return {
       **shares_after(last, int(steps[-1])),
       "never_fluctuating": float(np.mean(last < 0)),
@@ -65,15 +66,21 @@ def summarize(records: Records, routing: str = "train") -> dict:
       "complete": int(records.steps[-1]) == int(records.meta["steps"]),
       "stage1_steps": stage1_steps,
       "sample_tokens": int(assignments.shape[-1]),
-      "all_layers": _layer_summary(records.steps, assignments, stage1_steps),
-      "layers": {name: _layer_summary(records.steps, assignments[:, i], stage1_steps)
+      "real_tokens": {name: int(records.token_mask[i].sum()) for i, name in enumerate(records.layers)},
+      "all_layers": _layer_summary(records.steps, assignments, stage1_steps, records.token_mask),
+      "layers": {name: _layer_summary(records.steps, assignments[:, i], stage1_steps, records.token_mask[i])
                  for i, name in enumerate(records.layers)},
   }
 
 
+def _real_last_steps(records: Records, routing: str) -> np.ndarray:
+  """int64 [N]: the last fluctuation step of every real (layer, token) of the sample, padding left out."""
+  return last_fluctuation_steps(records.steps, records.assignments(routing))[records.token_mask]
+
+
 def curve_from_records(records: Records, routing: str = "train") -> tuple[np.ndarray, np.ndarray]:
   """The cumulative curve of one routing, all layers pooled."""
-  return cumulative_curve(last_fluctuation_steps(records.steps, records.assignments(routing)), records.steps)
+  return cumulative_curve(_real_last_steps(records, routing), records.steps)
 
 
 def shares_from_workdir(workdir: str | os.PathLike, routing: str = "train") -> dict[str, float]:
@@ -83,4 +90,4 @@ def shares_from_workdir(workdir: str | os.PathLike, routing: str = "train") -> d
   "inference". Raises RecordsNotFoundError if the run has no records.
   """
   records = load_records(workdir)
-  return shares_after(last_fluctuation_steps(records.steps, records.assignments(routing)), int(records.steps[-1]))
+  return shares_after(_real_last_steps(records, routing), int(records.steps[-1]))

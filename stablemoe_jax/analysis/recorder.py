@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from stablemoe_jax.analysis import records as records_lib
-from stablemoe_jax.analysis.report import write_report
+from stablemoe_jax.analysis.report import global_inputs, write_report
 from stablemoe_jax.analysis.routes import analysis_model, make_sample_router, stack_layers
 from stablemoe_jax.config_validation import ConfigError
 from stablemoe_jax.models.transformer import has_moe_layers
@@ -43,15 +44,10 @@ class RoutingRecorder:
       raise ConfigError(f"analysis.sample_tokens // train.seq_len (= {cfg.analysis.sample_tokens} // {seq_len}, "
                         f"rows of the routing sample) must be a multiple of the number of devices ({exp.mesh.size}); "
                         f"change --config.analysis.sample_tokens.")
-    sample = next(exp.data.eval_batches("valid", rows, seq_len))
-    if sample["weights"].min() < 1:
-      raise ConfigError(
-          f"analysis.sample_tokens={cfg.analysis.sample_tokens} exceeds the validation split "
-          f"({exp.data.split_num_tokens('valid') - 1} predictions); lower --config.analysis.sample_tokens.")
-    self._sample = sample["inputs"]  # int32 [R, S], the same on every process
-    self._tokens = mesh_lib.to_global(mesh_lib.local_rows({"inputs": self._sample}), exp.mesh)["inputs"]
+    self._sample = exp.task.routing_sample(exp.data, cfg, rows)  # numpy [R, S] entries, the same on every process
+    self._inputs = global_inputs(exp, self._sample)
     self._route = mesh_lib.under_mesh(exp.mesh, jax.jit(
-        make_sample_router(analysis_model(cfg.model), cfg.seed), static_argnums=2,
+        make_sample_router(analysis_model(exp.task, cfg.model), cfg.seed), static_argnums=2,
         in_shardings=(exp.state_shardings.params, sharding_lib.batch_sharding(exp.mesh)),
         out_shardings=sharding_lib.replicated(exp.mesh)))
     if self._is_chief:
@@ -62,16 +58,18 @@ class RoutingRecorder:
 
   def record(self, params, step: int) -> None:
     """Routes the sample with ``params`` (after ``step`` updates) and writes the record of ``step``."""
-    train, inference = self._route(params, self._tokens, step < self._stage1_steps)
+    train, inference = self._route(params, self._inputs, step < self._stage1_steps)
     layers, train = stack_layers(train)
     _, inference = stack_layers(inference)
     if not self._is_chief:
       return
     if not self._meta_written:
+      tokens, masks = zip(*(self._exp.task.routing_tokens(layer, self._sample) for layer in layers))
       meta = {"layers": layers, "num_experts": self._num_experts, "steps": self._steps,
               "stage1_steps": self._stage1_steps, "record_every": self._every,
-              "router": self._exp.config.model.moe.router, "sample_shape": list(self._sample.shape)}
-      records_lib.write_meta(self._directory, meta, self._sample.reshape(-1))
+              "router": self._exp.config.model.moe.router, "sample_shape": list(tokens[0].shape)}
+      records_lib.write_meta(self._directory, meta, np.stack([t.reshape(-1) for t in tokens]),
+                             np.stack([m.reshape(-1) for m in masks]))
       self._meta_written = True
     records_lib.write_record(self._directory, step, train, inference, self._num_experts)
 

@@ -2,7 +2,9 @@
 
 Layout:
   ``meta.json``: layer names, num_experts, train.steps, train.stage1_steps, record_every, router.
-  ``sample.npy``: int32 [T], the token ids of the fixed validation sample (rows of ``seq_len``, flattened).
+  ``sample.npy``: int32 [T], the token ids of the fixed validation sample (rows of ``seq_len``, flattened);
+  [L, T] when the layers route different ids (translation: the encoder's the source, the decoder's the target).
+  ``mask.npy``: bool [L, T], False at padding (absent: no padding); no fluctuation statistic counts padding.
   ``step_XXXXXXXX.npz``: one per record step, with ``train`` and ``inference``, each int8/int16
   [L, T]: the expert of every sample token in every MoE layer under the routing training used at
   that step and under the inference routing.
@@ -50,10 +52,18 @@ def record_steps(directory: pathlib.Path) -> list[int]:
   return sorted(int(m.group(1)) for m in matches if m)
 
 
-def write_meta(directory: pathlib.Path, meta: dict, sample_tokens: np.ndarray) -> None:
+def write_meta(directory: pathlib.Path, meta: dict, sample_tokens: np.ndarray, sample_mask: np.ndarray) -> None:
+  """``sample_tokens`` int [L, T] and ``sample_mask`` bool [L, T] per MoE layer: the ids it routes and which are
+  real tokens. Stored as ``sample.npy`` [T] when every layer routes the same ids, else [L, T]; ``mask.npy``
+  only when some position is padding."""
   directory.mkdir(parents=True, exist_ok=True)
   _atomic_write(directory / "meta.json", lambda f: f.write(json.dumps(meta, indent=2).encode()))
-  _atomic_write(directory / "sample.npy", lambda f: np.save(f, np.asarray(sample_tokens, np.int32)))
+  sample_tokens, sample_mask = np.asarray(sample_tokens, np.int32), np.asarray(sample_mask, bool)
+  if (sample_tokens == sample_tokens[0]).all():
+    sample_tokens = sample_tokens[0]
+  _atomic_write(directory / "sample.npy", lambda f: np.save(f, sample_tokens))
+  if not sample_mask.all():
+    _atomic_write(directory / "mask.npy", lambda f: np.save(f, sample_mask))
 
 
 def write_record(directory: pathlib.Path, step: int, train: np.ndarray, inference: np.ndarray,
@@ -80,8 +90,9 @@ class Records:
     steps: int [K] record steps, ascending.
     train: int [K, L, T] expert per record, layer and sample token under the training routing.
     inference: int [K, L, T] the same under the inference routing.
-    sample_tokens: int32 [T] token ids of the sample.
+    sample_tokens: int32 [T] (or [L, T], per layer) token ids of the sample.
     meta: the run's ``meta.json``.
+    token_mask: bool [L, T], False at padding positions of the sample.
   """
 
   steps: np.ndarray
@@ -89,6 +100,11 @@ class Records:
   inference: np.ndarray
   sample_tokens: np.ndarray
   meta: dict
+  token_mask: np.ndarray | None = None  # None: no padding
+
+  def __post_init__(self):
+    if self.token_mask is None:
+      object.__setattr__(self, "token_mask", np.ones(self.train.shape[1:], bool))  # frozen dataclass
 
   @property
   def layers(self) -> list[str]:
@@ -110,10 +126,12 @@ def load_records(workdir: str | os.PathLike) -> Records:
         f"no routing records in {directory}; train with --config.analysis.record_every > 0 and this --workdir."
     )
   loaded = [np.load(directory / f"step_{s:08d}.npz") for s in steps]
+  mask_file = directory / "mask.npy"
   return Records(
       steps=np.asarray(steps),
       train=np.stack([r["train"] for r in loaded]),
       inference=np.stack([r["inference"] for r in loaded]),
       sample_tokens=np.load(directory / "sample.npy"),
       meta=json.loads((directory / "meta.json").read_text()),
+      token_mask=np.load(mask_file) if mask_file.is_file() else None,
   )

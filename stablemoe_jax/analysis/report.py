@@ -21,20 +21,25 @@ from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
 
 
+def global_inputs(exp, batch: dict) -> tuple[jax.Array, ...]:
+  """The model's inputs (``task.model_inputs``) of a batch every process holds whole, as global arrays."""
+  return exp.task.model_inputs(mesh_lib.to_global(mesh_lib.local_rows(batch), exp.mesh))
+
+
 def split_routing_counts(exp, params, split: str) -> dict[str, cohesion.RoutingCounts]:
   """Routes every token of ``split`` with the inference routing; {layer: counts} in model order."""
   cfg = exp.config
   route = mesh_lib.under_mesh(exp.mesh, jax.jit(
-      make_split_router(analysis_model(cfg.model)),
+      make_split_router(analysis_model(exp.task, cfg.model)),
       in_shardings=(exp.state_shardings.params, sharding_lib.batch_sharding(exp.mesh)),
       out_shardings=sharding_lib.replicated(exp.mesh)))
   counts: dict[str, cohesion.RoutingCounts] = {}
-  for batch in exp.data.eval_batches(split, cfg.eval.batch_size, cfg.eval.seq_len):
-    tokens = mesh_lib.to_global(mesh_lib.local_rows({"inputs": batch["inputs"]}), exp.mesh)["inputs"]
-    routed = jax.device_get(route(params, tokens))
+  for batch in exp.task.eval_batches(exp.data, cfg, split):
+    routed = jax.device_get(route(params, global_inputs(exp, batch)))
     for layer, (expert_index, gate) in routed.items():
       layer_counts = counts.setdefault(layer, cohesion.RoutingCounts(cfg.model.moe.num_experts, cfg.model.vocab_size))
-      layer_counts.add(batch["inputs"], expert_index, gate, mask=batch["weights"] > 0)
+      token_ids, mask = exp.task.routing_tokens(layer, batch)
+      layer_counts.add(token_ids, expert_index, gate, mask=mask)
   if not counts:
     raise ValueError("the model has no MoE layer to analyse (model.moe.enabled is False).")
   return {layer: counts[layer] for layer in sorted_layers(counts)}

@@ -10,14 +10,14 @@ import numpy as np
 from flax import traverse_util
 
 from stablemoe_jax.models.routing import ROUTING
-from stablemoe_jax.models.transformer import TransformerLM
 
 
-def analysis_model(model_config: ml_collections.ConfigDict) -> TransformerLM:
-  """The run's model without dropout, so that training-mode routing depends on the parameters alone."""
+def analysis_model(task, model_config: ml_collections.ConfigDict):
+  """The run's model (``task.build_model``) without dropout, so that training-mode routing depends on the
+  parameters alone."""
   config = ml_collections.ConfigDict(model_config.to_dict())
   config.dropout = 0.0
-  return TransformerLM(config)
+  return task.build_model(config)
 
 
 def _natural_key(name: str):
@@ -35,27 +35,29 @@ def _sown(sown: dict, name: str) -> dict[str, jax.Array]:
   return {key.rsplit("/", 1)[0]: value[0] for key, value in flat.items() if key.rsplit("/", 1)[-1] == name}
 
 
-def make_sample_router(model: TransformerLM, seed: int):
-  """``(params, tokens [R, S], in_stage1) -> ({layer: int32 [R*S]} training routing, {layer: ...} inference)``.
+def make_sample_router(model, seed: int):
+  """``(params, inputs, in_stage1) -> ({layer: int32 [R*S]} training routing, {layer: ...} inference)``.
 
+  ``inputs``: the model's arguments before ``in_stage1`` (``task.model_inputs``), each [R, S].
   Training routing: the model in training mode (``deterministic=False``, the given stage) with a fixed
   dropout key for any router that draws noise in training. Inference routing: as evaluation does.
   """
   key = jax.random.key(seed)
 
-  def route(params, tokens, in_stage1):
-    _, train = model.apply({"params": params}, tokens, in_stage1, deterministic=False, rngs={"dropout": key},
+  def route(params, inputs, in_stage1):
+    _, train = model.apply({"params": params}, *inputs, in_stage1, deterministic=False, rngs={"dropout": key},
                            mutable=[ROUTING])
-    _, inference = model.apply({"params": params}, tokens, jnp.array(False), deterministic=True, mutable=[ROUTING])
+    _, inference = model.apply({"params": params}, *inputs, jnp.array(False), deterministic=True, mutable=[ROUTING])
     return _sown(train, "expert_index"), _sown(inference, "expert_index")
 
   return route
 
 
-def make_split_router(model: TransformerLM):
-  """``(params, tokens [B, S]) -> {layer: (int32 [B*S] expert, float32 [B*S] gate)}`` under the inference routing."""
-  def route(params, tokens):
-    _, sown = model.apply({"params": params}, tokens, jnp.array(False), deterministic=True, mutable=[ROUTING])
+def make_split_router(model):
+  """``(params, inputs) -> {layer: (int32 [B*S] expert, float32 [B*S] gate)}`` under the inference routing
+  (``inputs``: the model's arguments before ``in_stage1``, each [B, S])."""
+  def route(params, inputs):
+    _, sown = model.apply({"params": params}, *inputs, jnp.array(False), deterministic=True, mutable=[ROUTING])
     experts, gates = _sown(sown, "expert_index"), _sown(sown, "gate")
     return {layer: (experts[layer], gates[layer].astype(jnp.float32)) for layer in experts}
   return route

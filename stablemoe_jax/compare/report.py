@@ -60,6 +60,18 @@ def _method_health(runs: list[dict]) -> dict | None:
   return result
 
 
+def _bleu_cells(summaries: list[dict]) -> dict:
+  """Translation runs: mean over seeds of each pair's test BLEU and of their average (Table 4); {} for the LM."""
+  if "bleu" not in summaries[0]:
+    return {}
+  pairs = list(summaries[0]["bleu"]["per_pair"])
+  average = _mean_std([s["bleu"]["average"] for s in summaries])
+  return {"bleu_per_pair": {p: float(np.mean([s["bleu"]["per_pair"][p] for s in summaries])) for p in pairs},
+          "bleu_average_mean": average[0], "bleu_average_std": average[1],
+          "bleu_average": [s["bleu"]["average"] for s in summaries],
+          "bleu_signature": summaries[0]["bleu"]["signature"]}
+
+
 def method_rows(records: list[dict]) -> list[dict]:
   """One dict per method (in run order) with every number of the table; extend a row with more keys freely."""
   rows: dict[str, dict] = {}
@@ -71,6 +83,7 @@ def method_rows(records: list[dict]) -> list[dict]:
     first = runs[0]
     summaries = [r["summary"] for r in runs]
     valid = _mean_std([s["valid"]["perplexity"] for s in summaries])
+    valid_loss = _mean_std([s["valid"]["loss"] for s in summaries])
     test = _mean_std([s["test"]["perplexity"] for s in summaries])
     agreements = [s.get("distill_agreement_at_boundary") for s in summaries]
     result.append({
@@ -79,6 +92,9 @@ def method_rows(records: list[dict]) -> list[dict]:
         "total_params": first["total_params"], "flops_per_token": first["flops_per_token"],
         "valid_ppl_mean": valid[0], "valid_ppl_std": valid[1], "test_ppl_mean": test[0], "test_ppl_std": test[1],
         "valid_ppl": [s["valid"]["perplexity"] for s in summaries],
+        "valid_loss_mean": valid_loss[0], "valid_loss_std": valid_loss[1],
+        "valid_loss": [s["valid"]["loss"] for s in summaries],
+        **_bleu_cells(summaries),
         "test_ppl": [s["test"]["perplexity"] for s in summaries],
         "tokens_per_second": float(np.mean([s["tokens_per_second"] for s in summaries])),
         "train_seconds": float(np.mean([s["train_seconds"] for s in summaries])),
@@ -98,6 +114,11 @@ def _millions(n: float) -> str:
 
 def _ppl(row: dict, split: str) -> str:
   mean, std = row[f"{split}_ppl_mean"], row[f"{split}_ppl_std"]
+  return f"{mean:.2f} ± {std:.2f}" if len(row["seeds"]) > 1 else f"{mean:.2f}"
+
+
+def _mean_cell(row: dict, name: str) -> str:
+  mean, std = row[f"{name}_mean"], row[f"{name}_std"]
   return f"{mean:.2f} ± {std:.2f}" if len(row["seeds"]) > 1 else f"{mean:.2f}"
 
 
@@ -147,7 +168,24 @@ COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
 ]
 
 
-def markdown_table(rows: list[dict], columns=COLUMNS) -> str:
+def translation_columns(pairs: list[str]) -> list[tuple[str, Callable[[dict], str]]]:
+  """COLUMNS for translation (the paper's Table 4): validation loss and test BLEU per pair and their average in
+  place of perplexity; no FLOPs column (``flops.forward_flops_per_token`` counts a decoder LM's)."""
+  bleu = [(f"{pair.split('-')[0]}→{pair.split('-')[1]} BLEU", lambda r, pair=pair: f"{r['bleu_per_pair'][pair]:.2f}")
+          for pair in pairs]
+  replaced = {"valid PPL": [("valid loss", lambda r: _mean_cell(r, "valid_loss"))],
+              "test PPL": [*bleu, ("average BLEU", lambda r: _mean_cell(r, "bleu_average"))],
+              "FLOPs / token (fwd)": []}
+  return [column for header, cell in COLUMNS for column in replaced.get(header, [(header, cell)])]
+
+
+def table_columns(rows: list[dict]) -> list[tuple[str, Callable[[dict], str]]]:
+  """The LM's COLUMNS, or translation's when the runs report BLEU."""
+  return translation_columns(list(rows[0]["bleu_per_pair"])) if "bleu_per_pair" in rows[0] else COLUMNS
+
+
+def markdown_table(rows: list[dict], columns=None) -> str:
+  columns = table_columns(rows) if columns is None else columns
   lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
   lines += ["| " + " | ".join(cell(row) for _, cell in columns) + " |" for row in rows]
   return "\n".join(lines) + "\n"
@@ -157,6 +195,14 @@ def _budget_note(config, rows: list[dict]) -> str:
   train = config.train
   seeds = config.compare.seeds
   eval_mode = rows[0]["eval"] or {}
+  if eval_mode.get("mode") == "teacher_forced_sentences":
+    return (f"Every method: {train.steps} steps of {train.batch_size} sentence pairs of up to {train.seq_len} tokens "
+            f"a side, {train.stage1_steps} in stage 1 where a method has one; {seeds} seed(s), mean"
+            f"{' ± sample std' if seeds > 1 else ''} over seeds. Valid loss: unsmoothed NLL per target token, "
+            f"teacher-forced. BLEU: cased sacreBLEU ({rows[0].get('bleu_signature', '')}) of the test split per "
+            f"pair (Multi30k test_2016_flickr, the Bible's test books) and their average (the paper's Table 4). "
+            f"Tokens changing expert: of the recorded validation pairs' real tokens (both MoE layers), the share "
+            f"whose expert in the routing used for training last changed after 50% (80%) of the steps.\n")
   mode = (f"sliding windows of {eval_mode.get('seq_len')} tokens, stride {eval_mode.get('stride')}"
           if eval_mode.get("mode") == "sliding" else f"non-overlapping blocks of {eval_mode.get('seq_len')} tokens")
   return (f"Every method: {train.steps} steps of {train.batch_size} x {train.seq_len} tokens "

@@ -87,8 +87,9 @@ def run_all(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=
         status = f"trained in {time.time() - started:.0f} s"
       if costs is None:
         costs = model_costs(run_config, directory)
+      bleu = f", test BLEU {summary['bleu']['average']:.2f}" if "bleu" in summary else ""
       log(f"[{index}/{total}] {name} seed {k}: {status}; valid ppl {summary['valid']['perplexity']:.2f}, "
-          f"test ppl {summary['test']['perplexity']:.2f}, {summary.get('tokens_per_second', 0):.0f} tokens/s",
+          f"test ppl {summary['test']['perplexity']:.2f}{bleu}, {summary.get('tokens_per_second', 0):.0f} tokens/s",
           flush=True)
       records.append({"method": name, "label": METHODS[name].label, "seed_index": k, "seed": run_config.seed,
                       "overrides": METHODS[name].overrides, "workdir": str(directory), "summary": summary,

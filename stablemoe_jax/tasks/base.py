@@ -33,6 +33,9 @@ class Task(Protocol):
   def sample_inputs(self, config) -> tuple[jax.Array, ...]:
     """Arguments before ``in_stage1`` with which ``model.init`` creates the parameters (one row)."""
 
+  def batch_shapes(self, rows: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """The entries of a training batch of ``rows`` rows and their shapes (``--mode=plan`` compiles with them)."""
+
   def model_inputs(self, batch: Batch) -> tuple[jax.Array, ...]:
     """The batch entries the model is called with, before ``in_stage1``."""
 
@@ -47,6 +50,12 @@ class Task(Protocol):
 
   def eval_batches(self, data, config, split: str, stride: int = 0) -> Iterator[Batch]:
     """Whole evaluation batches of ``split`` (every process reads the same), each of ``eval.batch_size`` rows."""
+
+  def routing_sample(self, data, config, rows: int) -> Batch:
+    """The fixed validation sample the routing records route: a batch of ``rows`` rows of ``train.seq_len``."""
+
+  def routing_tokens(self, layer: str, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 [B, S] ids, bool [B, S] real tokens) of the positions MoE layer ``layer`` routes in ``batch``."""
 
   def train_token_counts(self, data, vocab_size: int) -> np.ndarray:
     """int64 [vocab_size]: how often each id occurs where the routers read ids in training."""

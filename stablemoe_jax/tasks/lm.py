@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablemoe_jax import data as data_lib
+from stablemoe_jax.config_validation import ConfigError
 from stablemoe_jax.data.token_counts import split_token_counts
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.train.losses import token_nll
@@ -25,6 +26,11 @@ class LanguageModelTask:
   def sample_inputs(self, config):
     return (jnp.zeros((1, config.train.seq_len), jnp.int32),)
 
+  def batch_shapes(self, rows, seq_len):
+    shape = (rows, seq_len)
+    return {"inputs": jax.ShapeDtypeStruct(shape, jnp.int32), "targets": jax.ShapeDtypeStruct(shape, jnp.int32),
+            "weights": jax.ShapeDtypeStruct(shape, jnp.float32)}
+
   def model_inputs(self, batch):
     return (batch["inputs"],)
 
@@ -43,6 +49,18 @@ class LanguageModelTask:
 
   def eval_batches(self, data, config, split: str, stride: int = 0):
     return data.eval_batches(split, config.eval.batch_size, config.eval.seq_len, stride=stride)
+
+  def routing_sample(self, data, config, rows: int):
+    sample = next(data.eval_batches("valid", rows, config.train.seq_len))
+    if sample["weights"].min() < 1:
+      raise ConfigError(
+          f"analysis.sample_tokens={config.analysis.sample_tokens} exceeds the validation split "
+          f"({data.split_num_tokens('valid') - 1} predictions); lower --config.analysis.sample_tokens.")
+    return sample
+
+  def routing_tokens(self, layer, batch):
+    del layer  # every layer routes the input tokens
+    return np.asarray(batch["inputs"]), np.asarray(batch["weights"]) > 0
 
   def train_token_counts(self, data, vocab_size: int) -> np.ndarray:
     return split_token_counts(data, vocab_size)

@@ -5,6 +5,7 @@ Batches: ``source``, ``decoder_inputs``, ``targets`` int32 [B, L] and ``weights`
 """
 from __future__ import annotations
 
+import itertools
 import pathlib
 
 import jax
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablemoe_jax.data import translation as data_lib
+from stablemoe_jax.data import wmt
 from stablemoe_jax.decoding.bleu_report import bleu_report
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
 from stablemoe_jax.train.losses import label_smoothed_nll, token_nll
@@ -27,6 +29,8 @@ class TranslationTask:
     self._label_smoothing = float(config.train.get("label_smoothing", 0.0))
 
   def load_data(self, data_config, prepared_dir):
+    if data_config.get("corpus", "multi30k_bible") == "wmt":
+      return wmt.load_wmt_data(data_config, pathlib.Path(prepared_dir))
     return data_lib.load_translation_data(data_config, pathlib.Path(prepared_dir))
 
   def build_model(self, model_config):
@@ -35,6 +39,11 @@ class TranslationTask:
   def sample_inputs(self, config):
     rows = jnp.zeros((1, config.train.seq_len), jnp.int32)
     return rows, rows
+
+  def batch_shapes(self, rows, seq_len):
+    shape = (rows, seq_len)
+    ids = {name: jax.ShapeDtypeStruct(shape, jnp.int32) for name in ("source", "decoder_inputs", "targets")}
+    return {**ids, "weights": jax.ShapeDtypeStruct(shape, jnp.float32)}
 
   def model_inputs(self, batch):
     return batch["source"], batch["decoder_inputs"]
@@ -57,6 +66,20 @@ class TranslationTask:
     del stride  # sentences are scored whole
     return data_lib.eval_batches(data.split_sets(split), config.eval.batch_size, config.eval.seq_len,
                                  config.eval.get("max_sentences", 0))
+
+  def routing_sample(self, data, config, rows: int):
+    """The first validation pairs that fit ``train.seq_len``, taken in turn from each pair's set (so every pair
+    is in the sample); fewer fitting pairs than ``rows`` leave padding rows, which no report counts."""
+    fitting = [[(s, int(i)) for i in s.fitting(config.train.seq_len)] for s in data.split_sets("valid")]
+    picks = [p for group in itertools.zip_longest(*fitting) for p in group if p is not None][:rows]
+    return data_lib.make_rows(picks, rows, config.train.seq_len)
+
+  def routing_tokens(self, layer, batch):
+    """Encoder layers route the source, decoder layers the decoder inputs (bos + target); pad is no token."""
+    if layer.startswith("encoder"):
+      source = np.asarray(batch["source"])
+      return source, source != data_lib.PAD_ID
+    return np.asarray(batch["decoder_inputs"]), np.asarray(batch["weights"]) > 0
 
   def train_token_counts(self, data, vocab_size: int) -> np.ndarray:
     return data.train_token_counts(vocab_size)

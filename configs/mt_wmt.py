@@ -1,0 +1,19 @@
+"""The paper's WMT setting: fr, cs, de, fi, lv, et, ro, hi, tr -> en (data/wmt.py: one TFDS WMT builder a pair)
+on the paper's translation preset (configs/mt_paper.py).
+
+Needs the TFDS data prepared where the network is (``python -m stablemoe_jax.data.wmt --tfds_data_dir=DIR``) and
+copied to ``data.tfds_data_dir``. Offline: ``--mode=plan`` runs; training stops with one line naming what to prepare.
+"""
+from configs import mt_paper
+
+from stablemoe_jax.data import wmt
+
+
+def get_config():
+  config = mt_paper.get_config()
+  config.data.corpus = "wmt"  # "multi30k_bible" (configs/mt_cpu.py) | "wmt"
+  config.data.pairs = wmt.PAPER_PAIRS
+  config.data.tfds_data_dir = ""  # where the TFDS WMT builders were prepared
+  config.data.sampling_temperature = 5.0  # pairs range from ~1M (hi, lv) to ~40M (fr) sentences; our choice
+  config.model.moe.num_groups = 8  # routing groups: one per device of an 8-device mesh (mesh.expert may vary)
+  return config

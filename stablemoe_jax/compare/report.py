@@ -72,6 +72,12 @@ def _bleu_cells(summaries: list[dict]) -> dict:
           "bleu_signature": summaries[0]["bleu"]["signature"]}
 
 
+def _valid_loss(summary: dict) -> float:
+  """Validation loss per token; runs whose summary predates the "loss" key give log(perplexity), the same value."""
+  valid = summary["valid"]
+  return float(valid["loss"]) if "loss" in valid else float(np.log(valid["perplexity"]))
+
+
 def method_rows(records: list[dict]) -> list[dict]:
   """One dict per method (in run order) with every number of the table; extend a row with more keys freely."""
   rows: dict[str, dict] = {}
@@ -83,7 +89,8 @@ def method_rows(records: list[dict]) -> list[dict]:
     first = runs[0]
     summaries = [r["summary"] for r in runs]
     valid = _mean_std([s["valid"]["perplexity"] for s in summaries])
-    valid_loss = _mean_std([s["valid"]["loss"] for s in summaries])
+    valid_losses = [_valid_loss(s) for s in summaries]
+    valid_loss = _mean_std(valid_losses)
     test = _mean_std([s["test"]["perplexity"] for s in summaries])
     agreements = [s.get("distill_agreement_at_boundary") for s in summaries]
     result.append({
@@ -93,7 +100,7 @@ def method_rows(records: list[dict]) -> list[dict]:
         "valid_ppl_mean": valid[0], "valid_ppl_std": valid[1], "test_ppl_mean": test[0], "test_ppl_std": test[1],
         "valid_ppl": [s["valid"]["perplexity"] for s in summaries],
         "valid_loss_mean": valid_loss[0], "valid_loss_std": valid_loss[1],
-        "valid_loss": [s["valid"]["loss"] for s in summaries],
+        "valid_loss": valid_losses,
         **_bleu_cells(summaries),
         "test_ppl": [s["test"]["perplexity"] for s in summaries],
         "tokens_per_second": float(np.mean([s["tokens_per_second"] for s in summaries])),

@@ -119,12 +119,8 @@ def _millions(n: float) -> str:
   return f"{n / 1e6:.2f}M"
 
 
-def _ppl(row: dict, split: str) -> str:
-  mean, std = row[f"{split}_ppl_mean"], row[f"{split}_ppl_std"]
-  return f"{mean:.2f} ± {std:.2f}" if len(row["seeds"]) > 1 else f"{mean:.2f}"
-
-
 def _mean_cell(row: dict, name: str) -> str:
+  """``row[name + "_mean"]``, with ``± row[name + "_std"]`` when there are several seeds."""
   mean, std = row[f"{name}_mean"], row[f"{name}_std"]
   return f"{mean:.2f} ± {std:.2f}" if len(row["seeds"]) > 1 else f"{mean:.2f}"
 
@@ -157,8 +153,8 @@ COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
     ("shared params", lambda r: _millions(r["shared_params"])),
     ("expert params", lambda r: _millions(r["expert_params"])),
     ("FLOPs / token (fwd)", lambda r: _millions(r["flops_per_token"])),
-    ("valid PPL", lambda r: _ppl(r, "valid")),
-    ("test PPL", lambda r: _ppl(r, "test")),
+    ("valid PPL", lambda r: _mean_cell(r, "valid_ppl")),
+    ("test PPL", lambda r: _mean_cell(r, "test_ppl")),
     ("train tokens/s", lambda r: f"{r['tokens_per_second']:,.0f}"),
     ("train wall time", lambda r: f"{r['train_seconds'] / 60:.1f} min"),
     ("distill agreement at stage-1 end", lambda r: "--" if r["distill_agreement_at_boundary"] is None

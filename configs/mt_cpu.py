@@ -20,6 +20,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.bible_test_books = "Esth,Jas,1John"
   config.data.sentencepiece_vocab_size = 8000  # one joint model over the training sources and targets
   config.data.sampling_temperature = 1.0  # pair weight ~ n_pair^(1/T); 1: proportional to its training pairs
+  # Each batch is of one length bucket L in (16, 32, 64), [64 * 64 / L, L] (the same positions a step): a
+  # Multi30k pair fills 30% of 64 positions, 62% of its bucket. 1: every batch [64, 64].
+  config.data.length_buckets = 3
 
   model = config.model
   model.d_model, model.num_heads, model.num_layers, model.d_ff = 256, 4, 4, 1024  # 4 encoder + 4 decoder blocks
@@ -30,13 +33,13 @@ def get_config() -> ml_collections.ConfigDict:
   model.moe.sublayers_per_expert = 1
 
   train = config.train
-  train.steps = 3000
-  train.stage1_steps = 600
+  train.steps = 1200  # about an hour at ~3 s a step on 2 quiet cores (measured with length buckets)
+  train.stage1_steps = 200
   train.batch_size = 64
   train.seq_len = 64  # source and target positions (tag and eos / bos included); longer pairs are counted, not used
   train.schedule = "inverse_sqrt"
   train.learning_rate = 1e-3
-  train.warmup_steps = 400
+  train.warmup_steps = 200
   train.clip_norm = 0.1
   train.label_smoothing = 0.1
   train.log_every = 50

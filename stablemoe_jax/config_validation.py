@@ -137,6 +137,11 @@ def _check_translation(config) -> None:
       raise ConfigError(str(error)) from None
   _require(config.data.get("sampling_temperature", 1.0) > 0,
            f"data.sampling_temperature={config.data.get('sampling_temperature')} must be > 0 (1: proportional).")
+  from stablemoe_jax.data.translation import length_buckets  # here: importing data/ loads the pipeline
+  try:
+    length_buckets(config.data.get("length_buckets", 1), train.seq_len)
+  except ValueError as error:
+    raise ConfigError(str(error)) from None
   _require(0.0 <= train.get("label_smoothing", 0.0) < 1.0,
            f"train.label_smoothing={train.get('label_smoothing')} must lie in [0, 1).")
   _require(config.eval.get("max_sentences", 0) >= 0,

@@ -91,3 +91,65 @@ def test_a_prepared_workdir_needs_no_raw_corpus(prepared):
   again = data_lib.load_translation_data(config.data, workdir)
   assert again.tokenizer.fingerprint() == data.tokenizer.fingerprint()
   np.testing.assert_array_equal(again.sets["de-en"]["train"].source_ids, data.sets["de-en"]["train"].source_ids)
+
+
+
+def _synthetic_set(pair: str, lengths: list[int], first_id: int = 10) -> data_lib.EncodedSet:
+  """A set whose pair i has a source of lengths[i] ids and a target of lengths[i] - 1 ids, all ids first_id + i."""
+  sources = [[first_id + i] * n for i, n in enumerate(lengths)]
+  targets = [[first_id + i] * (n - 1) for i, n in enumerate(lengths)]
+  return data_lib.EncodedSet(pair, "train", *data_lib._flatten(sources), *data_lib._flatten(targets))
+
+
+def test_length_buckets_halve_down_from_the_sequence_length():
+  assert data_lib.length_buckets(3, 64) == (16, 32, 64)
+  assert data_lib.length_buckets(1, 64) == (64,)
+  with pytest.raises(ValueError, match="length_buckets=4 needs train.seq_len=36"):
+    data_lib.length_buckets(4, 36)
+
+
+def test_one_bucket_draws_rows_as_the_documented_process():
+  sets = [_synthetic_set("de-en", [3, 5, 9, 30]), _synthetic_set("es-en", [7, 20, 40])]
+  iterator = data_lib.MixedPairIterator(sets, 6, 32, seed=4, temperature=2.0)
+  weights = np.sqrt([4.0, 2.0]) / np.sqrt([4.0, 2.0]).sum()  # es-en's 40 does not fit 32
+  fits = [np.array([0, 1, 2, 3]), np.array([0, 1])]
+  for t in range(3):
+    rng = np.random.default_rng([4, t])
+    pairs = rng.choice(2, size=6, p=weights)
+    expected = [sets[p].source(int(fits[p][rng.integers(len(fits[p]))])) for p in pairs]
+    batch = next(iterator)
+    assert batch["source"].shape == (6, 32)
+    for row, src in zip(batch["source"], expected):
+      np.testing.assert_array_equal(row, np.pad(src, (0, 32 - len(src))))
+
+
+def test_length_buckets_keep_every_sentences_share_and_cut_padding():
+  """Bucketed batches are [B * 32 / L, L] with each pair in its shortest fitting bucket; every sentence's share of
+  the rows is the one-bucket process's, weight(pair) / n_pair (here 1 / 12: proportional mixing of 12 fitting
+  pairs), and a batch carries 32 / sum_L(L * mass_L) = 1.5 times the rows (4 / 12, 2 / 12, 6 / 12 of the mass
+  at L = 8, 16, 32)."""
+  lengths = {"de-en": [3, 5, 8, 9, 16, 17, 30], "es-en": [7, 20, 25, 31, 32, 40]}  # 40 fits no bucket
+  sets = [_synthetic_set("de-en", lengths["de-en"], 10), _synthetic_set("es-en", lengths["es-en"], 100)]
+  size_of = {10 + i: n for i, n in enumerate(lengths["de-en"])} | {100 + i: n for i, n in enumerate(lengths["es-en"])}
+  batch_size, max_len, batches = 4, 32, 6000
+  iterator = data_lib.MixedPairIterator(sets, batch_size, max_len, seed=0, temperature=1.0,
+                                        length_buckets=(8, 16, 32))
+  rows_of = {first: 0 for first in size_of}
+  shapes = set()
+  for _ in range(batches):
+    batch = next(iterator)
+    rows, length = batch["source"].shape
+    shapes.add((rows, length))
+    for row, target in zip(batch["source"], batch["targets"]):
+      size = size_of[int(row[0])]
+      assert size <= length and (length == 8 or size > length // 2)  # its shortest fitting bucket
+      np.testing.assert_array_equal(row[:size], row[0])
+      assert target[size - 1] == EOS_ID  # size - 1 target ids, then eos
+      rows_of[int(row[0])] += 1
+  assert shapes == {(16, 8), (8, 16), (4, 32)}
+  assert rows_of[105] == 0  # es-en's 40
+  total = sum(rows_of.values())
+  assert abs(total / (batches * batch_size) - 1.5) < 0.02
+  for first, count in rows_of.items():
+    if first != 105:
+      assert abs(count - total / 12) < 5 * np.sqrt(total / 12), (first, count, total / 12)

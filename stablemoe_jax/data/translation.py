@@ -105,41 +105,82 @@ def mixing_weights(sizes: list[int], temperature: float) -> np.ndarray:
   return scaled / scaled.sum()
 
 
+def length_buckets(count: int, max_len: int) -> tuple[int, ...]:
+  """The ``count`` bucket lengths of training batches, each half the next: (16, 32, 64) for 3 and 64; (64,) for 1.
+
+  Raises:
+    ValueError: ``count`` < 1, or ``max_len`` not divisible by 2 ** (count - 1) (the message names the fix).
+  """
+  if count < 1 or max_len % 2 ** (count - 1):
+    raise ValueError(f"data.length_buckets={count} needs train.seq_len={max_len} divisible by 2**{count - 1}; set "
+                     f"--config.data.length_buckets to between 1 (no buckets) and the number of times "
+                     f"{max_len} halves evenly, plus one.")
+  return tuple(max_len >> k for k in reversed(range(count)))
+
+
 class MixedPairIterator:
   """Endless training batches mixing the pairs; batch t depends only on (seed, t), so resuming is exact.
 
   Each global row draws its pair with ``mixing_weights`` and then one of that pair's fitting training
   pairs uniformly (with replacement); this process keeps rows ``shard_index`` * B / shard_count onwards.
   ``get_state`` / ``set_state`` (the number of batches drawn) are what the checkpoint saves.
+
+  Length buckets (``length_buckets``, each dividing ``max_len``): a pair belongs to the shortest bucket L
+  its source and target fit, and a batch is [B * max_len / L, L] of one bucket, so every batch has the same
+  B * max_len positions but far less padding. Bucket L is drawn with probability proportional to L times the
+  sampling mass of its pairs, which keeps every sentence's share of the rows that of one bucket (above); a
+  batch then carries max_len / sum_L(L * mass_L) times as many rows on average. Bucket L's pair is drawn with
+  weight ~ its mass in L, then a sentence uniformly among its pairs in L. One bucket: batches [B, max_len],
+  drawn exactly as without buckets.
   """
 
   def __init__(self, train_sets: list[EncodedSet], batch_size: int, max_len: int, seed: int,
-               temperature: float, shard_index: int = 0, shard_count: int = 1):
+               temperature: float, shard_index: int = 0, shard_count: int = 1,
+               length_buckets: tuple[int, ...] = ()):
     if batch_size % shard_count:
       raise ValueError(f"train.batch_size={batch_size} must be a multiple of the {shard_count} processes.")
     self._sets = train_sets
-    self._indices = [s.fitting(max_len) for s in train_sets]
-    for s, idx in zip(train_sets, self._indices):
-      if not len(idx):
+    self._buckets = tuple(length_buckets) or (max_len,)
+    fitting = [[s.fitting(b) for b in self._buckets] for s in train_sets]  # [pair][bucket]: fits b
+    for s, per_bucket in zip(train_sets, fitting):
+      if not len(per_bucket[-1]):
         raise DataError(f"no training pair of {s.pair} fits train.seq_len={max_len}; raise it.")
-    self._weights = mixing_weights([len(i) for i in self._indices], temperature)
+    self._weights = mixing_weights([len(f[-1]) for f in fitting], temperature)
+    # [pair][bucket]: the pairs whose shortest fitting bucket is b.
+    self._indices = [[np.setdiff1d(f[b], f[b - 1], assume_unique=True) if b else f[0]
+                      for b in range(len(self._buckets))] for f in fitting]
+    mass = np.array([[w * len(idx) / len(f[-1]) for idx in per_bucket]
+                     for w, per_bucket, f in zip(self._weights, self._indices, fitting)])  # [pair, bucket]
+    self._bucket_probs = mass.sum(0) * np.asarray(self._buckets) / (mass.sum(0) * self._buckets).sum()
+    self._pair_probs = [mass[:, b] / mass[:, b].sum() if mass[:, b].sum() else None
+                        for b in range(len(self._buckets))] if len(self._buckets) > 1 else [self._weights]
     self._batch_size, self._max_len, self._seed = batch_size, max_len, seed
-    self._rows = slice(shard_index * batch_size // shard_count, (shard_index + 1) * batch_size // shard_count)
+    self._shard_index, self._shard_count = shard_index, shard_count
     self._batches = 0
 
   @property
   def weights(self) -> dict[str, float]:
     return {s.pair: float(w) for s, w in zip(self._sets, self._weights)}
 
+  @property
+  def bucket_probabilities(self) -> dict[int, float]:
+    """{bucket length: probability that a batch is of that bucket}."""
+    return {b: float(p) for b, p in zip(self._buckets, self._bucket_probs)}
+
   def __iter__(self):
     return self
 
   def __next__(self) -> Batch:
     rng = np.random.default_rng([self._seed, self._batches])
-    pairs = rng.choice(len(self._sets), size=self._batch_size, p=self._weights)
-    picks = [(self._sets[p], int(self._indices[p][rng.integers(len(self._indices[p]))])) for p in pairs]
+    bucket = 0 if len(self._buckets) == 1 else int(rng.choice(len(self._buckets), p=self._bucket_probs))
+    length = self._buckets[bucket]
+    rows = self._batch_size * (self._max_len // length)
+    pairs = rng.choice(len(self._sets), size=rows, p=self._pair_probs[bucket])
+    indices = [self._indices[p][bucket] for p in pairs]
+    picks = [(self._sets[p], int(idx[rng.integers(len(idx))])) for p, idx in zip(pairs, indices)]
     self._batches += 1
-    return make_rows(picks[self._rows], len(picks[self._rows]), self._max_len)
+    mine = picks[self._shard_index * rows // self._shard_count:(self._shard_index + 1) * rows // self._shard_count]
+    return make_rows(mine, len(mine), length)
 
   def get_state(self) -> dict:
     return {"batches": self._batches}

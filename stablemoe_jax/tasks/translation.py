@@ -21,7 +21,7 @@ from stablemoe_jax.train.losses import label_smoothed_nll, token_nll
 
 class TranslationTask:
   """``config.task = "translation"``; reads ``train.label_smoothing``, ``data.sampling_temperature``,
-  ``eval.max_sentences`` from the config it is built with."""
+  ``data.length_buckets``, ``eval.max_sentences`` from the config it is built with."""
 
   name = "translation"
 
@@ -59,8 +59,9 @@ class TranslationTask:
 
   def train_iterator(self, data, config, shard_index: int, shard_count: int):
     train = config.train
+    buckets = data_lib.length_buckets(config.data.get("length_buckets", 1), train.seq_len)
     return data_lib.MixedPairIterator(data.split_sets("train"), train.batch_size, train.seq_len, config.seed,
-                                      config.data.sampling_temperature, shard_index, shard_count)
+                                      config.data.sampling_temperature, shard_index, shard_count, buckets)
 
   def eval_batches(self, data, config, split: str, stride: int = 0):
     del stride  # sentences are scored whole

@@ -128,7 +128,14 @@ def _check_translation(config) -> None:
   """What translation needs beyond the shared checks (tasks/translation.py)."""
   train, moe = config.train, config.model.moe
   corpus = config.data.get("corpus", "multi30k_bible")
-  _require(corpus in ("multi30k_bible", "wmt"), f"data.corpus={corpus!r} is unknown; choose multi30k_bible or wmt.")
+  _require(corpus in ("multi30k_bible", "wmt", "files"),
+           f"data.corpus={corpus!r} is unknown; choose multi30k_bible, wmt or files.")
+  if corpus == "files":  # a user's own parallel files (configs/mt_files.py)
+    from stablemoe_jax.data.parallel_files import check_config  # here: importing data/ loads the input pipeline
+    try:
+      check_config(config.data)
+    except ValueError as error:
+      raise ConfigError(str(error)) from None
   if corpus == "wmt":
     from stablemoe_jax.data.wmt import parse_wmt_pairs  # here: importing data/ loads the input pipeline
     try:

@@ -144,17 +144,19 @@ def test_a_worker_holds_one_batch_of_lines_not_its_shard(corpus, tmp_path):
   assert max(s['max_lines_held'] for s in stats.values()) == OPTIONS.batch_lines
 
 
-def test_a_bad_file_stops_naming_file_and_line_or_is_skipped_and_counted(corpus, tmp_path):
+@pytest.mark.parametrize('tokenizer', ['word', 'sentencepiece'])  # sentencepiece reads the lines from C++
+def test_a_bad_file_stops_naming_file_and_line_or_is_skipped_and_counted(corpus, tmp_path, tokenizer):
   bad = corpus / 'train_c.txt'
   bad.write_bytes(b'fine line\n' * 30 + b'caf\xe9 au lait\n' + b'more\n' * 5)
   with pytest.raises(text.BadCorpusError) as error:
-    prepare.prepare(_config(corpus), tmp_path / 'a', OPTIONS)
+    prepare.prepare(_config(corpus, tokenizer), tmp_path / 'a', OPTIONS)
   assert str(error.value).startswith(f'{bad}, line 31: byte 0xe9 at column 4 is not UTF-8')
   assert not (tmp_path / 'a' / prepared.MANIFEST).exists()
-  report = prepare.prepare(_config(corpus), tmp_path / 'b', dataclasses.replace(OPTIONS, skip_bad_files=True))
+  report = prepare.prepare(_config(corpus, tokenizer), tmp_path / 'b',
+                           dataclasses.replace(OPTIONS, skip_bad_files=True))
   assert [f['path'] for f in report['skipped_files']] == [str(bad)]
   bad.unlink()
-  clean = prepare.prepare(_config(corpus), tmp_path / 'c', OPTIONS)
+  clean = prepare.prepare(_config(corpus, tokenizer), tmp_path / 'c', OPTIONS)
   assert clean['tokens'] == report['tokens']
 
 

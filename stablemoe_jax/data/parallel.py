@@ -60,7 +60,10 @@ def _read(path: pathlib.Path) -> list[str]:
         f"{path} is missing; point --config.data.data_dir (or $STABLEMOE_DATA_DIR) at the shared data folder "
         f"holding multi30k/ and bible_es_en/ (see the README's Translation section).")
   text.check_corpus_file(path, path.name)
-  with path.open(encoding="utf-8-sig") as f:
+  # A pair's files are aligned by "\n"-ended lines (as `prepare` cuts them, shards.plan_aligned): newline="\n"
+  # keeps a lone "\r" inside its line instead of ending a line there (universal newlines would shift every
+  # later line against the other file); strip() drops the "\r" of a CRLF.
+  with path.open(encoding="utf-8-sig", newline="\n") as f:
     return [line.strip() for line in f]
 
 

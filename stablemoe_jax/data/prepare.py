@@ -97,6 +97,26 @@ def inputs_identity(files: Mapping[str, list[pathlib.Path]]) -> dict[str, list[s
   return {split: [shards.file_identity(p) for p in paths] for split, paths in files.items()}
 
 
+def train_on_lines(train, lines):
+  """`train(lines)`, where a `BadCorpusError` raised while a C++ trainer (sentencepiece) pulls the lines comes
+  back as itself (one line naming file and line), not wrapped in sentencepiece's RuntimeError."""
+  error: list[text.BadCorpusError] = []
+
+  def checked():
+    try:
+      yield from lines
+    except text.BadCorpusError as bad:
+      error.append(bad)
+      raise
+
+  try:
+    return train(checked())
+  except RuntimeError:
+    if error:
+      raise error[0] from None
+    raise
+
+
 def _train_sentencepiece(lines, vocab_size: int, sample_lines: int) -> tokenizers.SentencePieceTokenizer:
   """sentencepiece on its seeded reservoir sample of at most `sample_lines` lines (memory ~ the sample)."""
   spm.set_random_generator_seed(0)
@@ -130,7 +150,8 @@ def prepare_tokenizer(config: Mapping[str, Any], train_files: list[pathlib.Path]
   if config['tokenizer'] == 'word':
     tokenizer = tokenizers.WordTokenizer.from_lines(lines)
   else:
-    tokenizer = _train_sentencepiece(lines, config['sentencepiece_vocab_size'], sample_lines)
+    tokenizer = train_on_lines(lambda checked: _train_sentencepiece(checked, config['sentencepiece_vocab_size'],
+                                                                    sample_lines), lines)
   tokenizer.save(out_dir)
   meta['vocab_size'] = tokenizer.vocab_size
   write_json(meta_path, meta)  # Written last: a directory with tokenizer.json holds a complete tokenizer.
@@ -306,7 +327,9 @@ def main(argv: list[str]) -> None:
   options = Options(f.shard_mb, f.shard_pairs, f.chunk_tokens, f.sentencepiece_sample_lines, f.batch_lines,
                     f.workers, f.skip_bad_files, f.beam_args)
   if f.config.get('task', 'lm') == 'translation':
+    from stablemoe_jax.config_validation import validate_config
     from stablemoe_jax.data import prepare_translation
+    validate_config(f.config)  # Before any work: the config main will be run with (pairs, files' globs, ...).
     report = prepare_translation.prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)
   else:
     report = prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)

@@ -8,11 +8,15 @@ Writes, under `DIR/data/translation` (where `main` reads them, see `translation.
     shards/PAIR_NAME/SHARD.*       the pair shards (layout in `shard_writer`, one record per sentence pair)
     PAIR.NAME.{src,ref}.txt        each evaluation set's raw text (for BLEU)
     manifest.json                  {format: 'shards', settings, tokenizer_md5, sets: {pair: [name]},
-                                    shards: {pair: {name: [file]}}, sizes: {pair: {name: pairs}}}
+                                    shards: {pair: {name: [file]}}, sizes: {pair: {name: pairs}},
+                                    skipped_files: [{path, error}]}
 
 Steps as for the LM (`prepare`): tokenizer -> plan (`shards.plan_aligned`: the same line ranges of source and
 target, `--shard_pairs` a shard) -> one Beam task per shard (`beam_pipeline`, `shard_writer`) -> manifest.
-Resumable, fingerprinted and cleaned of stale shards the same way.
+Resumable, fingerprinted and cleaned of stale shards the same way. The inputs: Multi30k and the Bible, or a
+user's own files (`data.corpus = "files"`, `parallel_files`). `--skip_bad_files`: a file pair with a line that is
+not UTF-8 is left out of the tokenizer and of its set, and listed under `skipped_files` in the report (a set left
+without pairs stops the run); without it the first bad line stops the run, naming its file and line.
 """
 from __future__ import annotations
 
@@ -23,9 +27,11 @@ from typing import Any
 
 from stablemoe_jax.data import beam_pipeline
 from stablemoe_jax.data import parallel
+from stablemoe_jax.data import parallel_files
 from stablemoe_jax.data import prepare as lm_prepare
 from stablemoe_jax.data import shard_writer
 from stablemoe_jax.data import shards
+from stablemoe_jax.data import text
 from stablemoe_jax.data import translation
 from stablemoe_jax.data.joint_tokenizer import JointSentencePiece
 from stablemoe_jax.data.locate import DataNotFoundError, ENV_VAR
@@ -35,13 +41,16 @@ FilePairs = dict[tuple[str, str], list[tuple[pathlib.Path, pathlib.Path]]]
 
 def _write_if_changed(path: pathlib.Path, lines: tuple[str, ...]) -> None:
   """Keeps an unchanged file untouched: its mtime is part of the shards' fingerprint."""
-  content = ''.join(f'{line}\n' for line in lines)
-  if not path.is_file() or path.read_text(encoding='utf-8') != content:
-    path.write_text(content, encoding='utf-8')
+  content = ''.join(f'{line}\n' for line in lines).encode('utf-8')  # Bytes: a lone '\r' in a line stays.
+  if not path.is_file() or path.read_bytes() != content:
+    path.write_bytes(content)
 
 
 def file_pairs(data_config: Any, directory: pathlib.Path) -> FilePairs:
-  """{(pair, set name): [(source file, target file)]} of the config's Multi30k and Bible pairs."""
+  """{(pair, set name): [(source file, target file)]} of the config's pairs: Multi30k and the Bible, or
+  (``data.corpus = "files"``) the user's own files (``parallel_files``)."""
+  if data_config.get('corpus', 'multi30k_bible') == 'files':
+    return parallel_files.file_pairs(data_config)
   settings = translation.settings(data_config)
   data_dir = translation.data_dir(data_config)
   if data_dir is None:
@@ -82,9 +91,16 @@ def prepare_tokenizer(settings: dict, train_files: list[pathlib.Path], directory
   if tokenizer is None:
     lines = shards.iter_lines(shards.plan_split('train', train_files, 1 << 62, ''))
     languages = [pair.split('-')[0] for pair in settings['pairs']]
-    tokenizer = JointSentencePiece.train(lines, settings['sentencepiece_vocab_size'], languages, sample_lines)
+    tokenizer = lm_prepare.train_on_lines(
+        lambda checked: JointSentencePiece.train(checked, settings['sentencepiece_vocab_size'], languages,
+                                                 sample_lines), lines)
     tokenizer.save(directory, meta)
   return tokenizer
+
+
+def _distinct(file_pairs: list[tuple[pathlib.Path, pathlib.Path]]) -> list[pathlib.Path]:
+  """Both sides' files in order, each once (Multi30k's train.en is the target of three pairs)."""
+  return list(dict.fromkeys(p for pair in file_pairs for p in pair))
 
 
 def prepare(data_config: Any, prepared_dir: pathlib.Path, options: lm_prepare.Options) -> dict:
@@ -93,9 +109,15 @@ def prepare(data_config: Any, prepared_dir: pathlib.Path, options: lm_prepare.Op
   directory = pathlib.Path(prepared_dir) / 'translation'
   out_dir = directory / 'shards'
   pairs = file_pairs(data_config, directory)
-  train_files = list(dict.fromkeys(p for (_, name), files in pairs.items() if name == 'train'
-                                   for pair in files for p in pair))  # Multi30k's train.en counts once.
-  tokenizer = prepare_tokenizer(settings, train_files, directory / 'tokenizer', options.sentencepiece_sample_lines)
+  train_pairs = [pair for (_, name), files in pairs.items() if name == 'train' for pair in files]
+  try:
+    tokenizer = prepare_tokenizer(settings, _distinct(train_pairs), directory / 'tokenizer',
+                                  options.sentencepiece_sample_lines)
+  except text.BadCorpusError:
+    good = [pair for pair in train_pairs if all(map(lm_prepare._readable, pair))]
+    if not options.skip_bad_files or not good:
+      raise
+    tokenizer = prepare_tokenizer(settings, _distinct(good), directory / 'tokenizer', options.sentencepiece_sample_lines)
   fingerprint = hashlib.sha256(json.dumps([lm_prepare.FORMAT_VERSION, 'pairs', tokenizer.fingerprint()]).encode()
                                ).hexdigest()
   specs = [spec for (pair, name), files in pairs.items() for source, target in files
@@ -104,10 +126,16 @@ def prepare(data_config: Any, prepared_dir: pathlib.Path, options: lm_prepare.Op
   job = shard_writer.ShardJob(str(out_dir), str(directory / 'tokenizer'), tokenizer.fingerprint(),
                               batch_lines=options.batch_lines, task='translation')
   entries, skipped, report = lm_prepare.run_shards(specs, out_dir, job, options)
+  skipped_sources = {f['path'] for f in skipped}
+  empty = [f'{pair} {name}' for pair, name in pairs 
+           if not sum(e['num_lines'] for e in entries.get(f'{pair}_{name}', []))]
+  if empty:
+    raise text.BadCorpusError(f'no sentence pair left in {", ".join(empty)} (their files are empty or were skipped: '
+                              f'{sorted(skipped_sources) or "none"}); give each set at least one readable file pair.')
   for (pair, name), files in pairs.items():
     if name != 'train':
       sides = [[], []]
-      for spec in (s for s in specs if s.split == f'{pair}_{name}'):
+      for spec in (s for s in specs if s.split == f'{pair}_{name}' and s.path not in skipped_sources):
         for source, target in shards.iter_aligned_pairs(spec):
           sides[0].append(source)
           sides[1].append(target)

@@ -215,7 +215,8 @@ class TranslationData:
 
   def raw_text(self, pair: str, name: str) -> tuple[list[str], list[str]]:
     """The untokenised (source lines, reference lines) of an evaluation set, as the corpus files have them."""
-    read = lambda side: (self.directory / f"{pair}.{name}.{side}.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    # Lines end at "\n" only (a lone "\r" inside a line is text, as in the corpus files): no universal newlines.
+    read = lambda side: (self.directory / f"{pair}.{name}.{side}.txt").read_bytes().decode("utf-8").split("\n")[:-1]
     return read("src"), read("ref")
 
   @property
@@ -255,6 +256,9 @@ class TranslationData:
 
 
 def settings(data_config: Any) -> dict:
+  if data_config.get("corpus", "multi30k_bible") == "files":  # a user's own parallel files
+    from stablemoe_jax.data import parallel_files
+    return parallel_files.settings(data_config)
   return {"pairs": list(parallel.parse_pairs(data_config.pairs)),
           "bible_valid_books": list(parallel.parse_books(data_config.bible_valid_books)),
           "bible_test_books": list(parallel.parse_books(data_config.bible_test_books)),

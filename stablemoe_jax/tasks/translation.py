@@ -29,8 +29,13 @@ class TranslationTask:
     self._label_smoothing = float(config.train.get("label_smoothing", 0.0))
 
   def load_data(self, data_config, prepared_dir):
-    if data_config.get("corpus", "multi30k_bible") == "wmt":
+    corpus = data_config.get("corpus", "multi30k_bible")
+    if corpus == "wmt":
       return wmt.load_wmt_data(data_config, pathlib.Path(prepared_dir))
+    if corpus == "files" and not (pathlib.Path(prepared_dir) / "translation" / data_lib.MANIFEST).is_file():
+      raise data_lib.DataNotFoundError(
+          f"data.corpus='files': nothing prepared in {prepared_dir}; first run `python -m "
+          f"stablemoe_jax.data.prepare --config CONFIG --workdir WORKDIR` with this config and workdir.")
     return data_lib.load_translation_data(data_config, pathlib.Path(prepared_dir))
 
   def build_model(self, model_config):

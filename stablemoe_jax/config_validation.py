@@ -124,31 +124,29 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
     _check_translation(config)
 
 
+def _require_parses(parse, *args) -> None:
+  """Runs a data module's own check; its ValueError (which names the fix) becomes a ConfigError."""
+  try:
+    parse(*args)
+  except ValueError as error:
+    raise ConfigError(str(error)) from None
+
+
 def _check_translation(config) -> None:
   """What translation needs beyond the shared checks (tasks/translation.py)."""
   train, moe = config.train, config.model.moe
   corpus = config.data.get("corpus", "multi30k_bible")
   _require(corpus in ("multi30k_bible", "wmt", "files"),
            f"data.corpus={corpus!r} is unknown; choose multi30k_bible, wmt or files.")
+  # Imported here: importing data/ loads the input pipeline.
+  from stablemoe_jax.data import parallel_files, translation, wmt
   if corpus == "files":  # a user's own parallel files (configs/mt_files.py)
-    from stablemoe_jax.data.parallel_files import check_config  # here: importing data/ loads the input pipeline
-    try:
-      check_config(config.data)
-    except ValueError as error:
-      raise ConfigError(str(error)) from None
+    _require_parses(parallel_files.check_config, config.data)
   if corpus == "wmt":
-    from stablemoe_jax.data.wmt import parse_wmt_pairs  # here: importing data/ loads the input pipeline
-    try:
-      parse_wmt_pairs(config.data.pairs)
-    except ValueError as error:
-      raise ConfigError(str(error)) from None
+    _require_parses(wmt.parse_wmt_pairs, config.data.pairs)
   _require(config.data.get("sampling_temperature", 1.0) > 0,
            f"data.sampling_temperature={config.data.get('sampling_temperature')} must be > 0 (1: proportional).")
-  from stablemoe_jax.data.translation import length_buckets  # here: importing data/ loads the pipeline
-  try:
-    length_buckets(config.data.get("length_buckets", 1), train.seq_len)
-  except ValueError as error:
-    raise ConfigError(str(error)) from None
+  _require_parses(translation.length_buckets, config.data.get("length_buckets", 1), train.seq_len)
   _require(0.0 <= train.get("label_smoothing", 0.0) < 1.0,
            f"train.label_smoothing={train.get('label_smoothing')} must lie in [0, 1).")
   _require(config.eval.get("max_sentences", 0) >= 0,

@@ -1,7 +1,7 @@
 """The translation training iterator (no model) over prepared pair shards against the in-memory `.npz` sets.
 
 Prepares `--config` (default configs/mt_cpu.py: Multi30k de/fr/cs + the Bible, 64 x 64 positions a step) with
-`prepare` into `--workdir` (reused when done), then times `MixedPairIterator` batches [B, L] of the same seed
+`prepare` into `--workdir` (reused when done), then times `MixedPairIterator` batches (in the config's length buckets) of the same seed
 from (a) the train sets as `pair_records.RecordSet`s (random access into the array_record shards, what `main`
 reads after `prepare`) and (b) the same pairs as in-memory `EncodedSet`s saved to and loaded from `.npz` (what
 `main` reads when it prepares the small corpora itself). The two alternate `--rounds` times, `--batches` each;
@@ -37,7 +37,7 @@ def write_npz(record_sets, directory: pathlib.Path) -> None:
   """The record sets' pairs as the `.npz` files main writes for its in-memory sets."""
   directory.mkdir(parents=True, exist_ok=True)
   for s in record_sets:
-    rows = [(s.source(i), s.target(i)) for i in range(len(s))]
+    rows = s.pairs(range(len(s)))
     data_lib._save_set(directory, data_lib.EncodedSet(s.pair, s.name, *data_lib._flatten([r[0] for r in rows]),
                                                       *data_lib._flatten([r[1] for r in rows])))
 
@@ -45,7 +45,9 @@ def write_npz(record_sets, directory: pathlib.Path) -> None:
 def time_round(sets, config, batches: int) -> tuple[float, int, list]:
   """(seconds, target tokens, the first 3 batches) of `batches` batches after one warm-up batch."""
   train = config.train
-  it = data_lib.MixedPairIterator(sets, train.batch_size, train.seq_len, config.seed, config.data.sampling_temperature)
+  buckets = data_lib.length_buckets(config.data.get('length_buckets', 1), train.seq_len)
+  it = data_lib.MixedPairIterator(sets, train.batch_size, train.seq_len, config.seed, config.data.sampling_temperature,
+                                  length_buckets=buckets)
   first = [next(it)]
   tokens = 0
   started = time.perf_counter()
@@ -95,7 +97,8 @@ def main() -> None:
   pairs = sum(len(s) for s in records)
   for name in ('shards', 'npz'):
     results.add({'reader': name, 'config': args.config, 'batch_size': config.train.batch_size,
-                 'seq_len': config.train.seq_len, 'train_pairs': pairs, 'batches': args.batches,
+                 'seq_len': config.train.seq_len, 'length_buckets': config.data.get('length_buckets', 1),
+                 'train_pairs': pairs, 'batches': args.batches,
                  'rounds': args.rounds, 'seconds': round(best[name][0], 3),
                  'batches_per_s': round(rates[name][0], 1), 'target_tokens_per_s': round(rates[name][1]),
                  'shards_over_npz': round(rates['shards'][0] / rates['npz'][0], 3),

@@ -47,9 +47,10 @@ def write_pairs(path: pathlib.Path, pairs: Iterable[tuple[np.ndarray, np.ndarray
 
 class RecordSet:
   """One named set of one pair read from its array_record files (its shards, in order); the interface of
-  ``translation.EncodedSet`` that training needs (``len``, ``source(i)``, ``target(i)``, ``fitting(max_len)``).
+  ``translation.EncodedSet`` that training needs (``len``, ``source(i)``, ``target(i)``, ``pairs(indices)``,
+  ``fitting(max_len)``).
 
-  Memory: the per-pair lengths (int32 [n] twice), the shards' first indices, and the last pair read.
+  Memory: the per-pair lengths (int32 [n] twice) and the shards' first indices.
   """
 
   def __init__(self, pair: str, name: str, paths: Sequence[os.PathLike | str]):
@@ -59,7 +60,6 @@ class RecordSet:
     self._readers = [ArrayRecordReader(p) for p in self.paths]
     counts = [r.num_records() for r in self._readers]
     self._firsts = np.cumsum([0] + counts)
-    self._last: tuple[int, np.ndarray] = (-1, np.zeros(0, _INT32))
     self.source_lengths = np.zeros(self._firsts[-1], np.int32)
     self.target_lengths = np.zeros(self._firsts[-1], np.int32)
     for reader, first, n in zip(self._readers, self._firsts, counts):
@@ -71,20 +71,23 @@ class RecordSet:
   def __len__(self) -> int:
     return len(self.source_lengths)
 
-  def _row(self, i: int) -> np.ndarray:
-    if self._last[0] != i:  # make_rows asks for source(i) then target(i): one read.
-      shard = int(np.searchsorted(self._firsts, i, side='right')) - 1
-      record = self._readers[shard].read([int(i - self._firsts[shard])])[0]
-      self._last = (i, np.frombuffer(record, _INT32))
-    return self._last[1]
-
   def source(self, i: int) -> np.ndarray:
-    row = self._row(i)
-    return row[1:1 + row[0]]
+    return self.pairs([i])[0][0]
 
   def target(self, i: int) -> np.ndarray:
-    row = self._row(i)
-    return row[1 + row[0]:]
+    return self.pairs([i])[0][1]
+
+  def pairs(self, indices: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(source, target) int32 ids of each pair in ``indices``, with one read per shard (not per pair)."""
+    indices = np.asarray(indices, np.int64)
+    shards = np.searchsorted(self._firsts, indices, side='right') - 1
+    rows: list[np.ndarray | None] = [None] * len(indices)
+    for shard in np.unique(shards):
+      where = np.flatnonzero(shards == shard)
+      records = self._readers[shard].read([int(i) for i in indices[where] - self._firsts[shard]])
+      for position, record in zip(where, records):
+        rows[position] = np.frombuffer(record, _INT32)
+    return [(row[1:1 + row[0]], row[1 + row[0]:]) for row in rows]
 
   def iter_ids(self, block: int = 65536) -> Iterator[np.ndarray]:
     """Every id of the set (sources and targets), in blocks of at most `block` records."""

@@ -58,6 +58,10 @@ class EncodedSet:
   def target(self, i: int) -> np.ndarray:
     return self.target_ids[self.target_offsets[i]:self.target_offsets[i + 1]]
 
+  def pairs(self, indices) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(source, target) ids of each pair in ``indices``."""
+    return [(self.source(i), self.target(i)) for i in indices]
+
   def fitting(self, max_len: int) -> np.ndarray:
     """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
     return fitting_pairs(np.diff(self.source_offsets), np.diff(self.target_offsets), max_len)
@@ -82,14 +86,25 @@ def encode_set(tokenizer: JointSentencePiece, ps: parallel.ParallelSet) -> Encod
   return EncodedSet(ps.pair, ps.name, *_flatten(sources), *_flatten(targets))
 
 
+def _read_pairs(sets_and_indices: list[tuple[EncodedSet, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+  """(source, target) ids of each (set, index), in order, with one ``pairs`` call per set (a batched read)."""
+  by_set: dict[int, tuple[EncodedSet, list[int]]] = {}
+  for row, (encoded, _) in enumerate(sets_and_indices):
+    by_set.setdefault(id(encoded), (encoded, []))[1].append(row)
+  read: list = [None] * len(sets_and_indices)
+  for encoded, rows in by_set.values():
+    for row, pair in zip(rows, encoded.pairs([sets_and_indices[r][1] for r in rows])):
+      read[row] = pair
+  return read
+
+
 def make_rows(sets_and_indices: list[tuple[EncodedSet, int]], rows: int, max_len: int) -> Batch:
   """A batch of ``rows`` rows [rows, max_len] from (set, index) pairs that fit; the rest are all padding."""
   source = np.full((rows, max_len), PAD_ID, np.int32)
   decoder_inputs = np.full((rows, max_len), PAD_ID, np.int32)
   targets = np.full((rows, max_len), PAD_ID, np.int32)
   weights = np.zeros((rows, max_len), np.float32)
-  for r, (encoded, i) in enumerate(sets_and_indices):
-    src, tgt = encoded.source(i), encoded.target(i)
+  for r, (src, tgt) in enumerate(_read_pairs(sets_and_indices)):
     source[r, :len(src)] = src
     decoder_inputs[r, 0] = BOS_ID
     decoder_inputs[r, 1:len(tgt) + 1] = tgt
@@ -280,7 +295,7 @@ def _shard_set(directory: pathlib.Path, pair: str, name: str, manifest: dict) ->
   records = RecordSet(pair, name, [directory / f for f in manifest["shards"][pair][name]])
   if name == "train":
     return records
-  rows = [(records.source(i), records.target(i)) for i in range(len(records))]
+  rows = records.pairs(range(len(records)))
   return EncodedSet(pair, name, *_flatten([r[0] for r in rows]), *_flatten([r[1] for r in rows]))
 
 

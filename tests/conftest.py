@@ -1,9 +1,12 @@
 """Shared fixtures: the real corpora in ../shared/data and a tiny, fast config."""
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -13,6 +16,39 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 MAIN = [sys.executable, "-m", "stablemoe_jax.main", "--config", "configs/default.py"]  # run from REPO
 SHARED_DATA = pathlib.Path(os.environ.get("STABLEMOE_DATA_DIR") or
                            pathlib.Path(__file__).resolve().parents[2] / "shared" / "data").resolve()
+
+
+_CACHE_OWNER = "STABLEMOE_TESTS_XLA_CACHE_PID"  # set with the cache folder that pytest_configure made
+
+
+def pytest_configure(config):
+  """One persistent XLA compilation cache per pytest process (each xdist worker its own folder, removed at the end).
+
+  Many tests compile the same programs again: a run and its resumption, a kill -9 and the rerun, every test of the
+  tiny config. Tracing and lowering still happen each time (so do the checks and warnings made there); only XLA's
+  compile of an identical program is read back from disk. The variable passes it on to the subprocesses the tests
+  start, so a CLI rerun reuses what the killed run compiled. A JAX_COMPILATION_CACHE_DIR set outside the tests is
+  used as is (and kept); JAX_ENABLE_COMPILATION_CACHE=false turns the cache off.
+
+  The workers' folders are separate because JAX writes an entry in place (no lock without ``filelock``): a worker
+  could read another's half-written entry. xdist's controller runs no test and makes none.
+  """
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR") and not os.environ.get(_CACHE_OWNER):
+    return
+  if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+    return  # xdist's controller: the workers start from its environment
+  worker = getattr(config, "workerinput", {}).get("workerid", "main")
+  config._xla_cache_dir = tempfile.mkdtemp(prefix=f"stablemoe_jax_xla_cache_{worker}_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ[_CACHE_OWNER] = config._xla_cache_dir, str(os.getpid())
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_compilation_cache_dir", config._xla_cache_dir)
+
+
+def pytest_unconfigure(config):
+  if getattr(config, "_xla_cache_dir", None):
+    shutil.rmtree(config._xla_cache_dir, ignore_errors=True)
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+    os.environ.pop(_CACHE_OWNER, None)
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +90,20 @@ def tiny_flags(steps: int, stage1_steps: int, warmup_steps: int, log_every: int,
           f"--config.train.warmup_steps={warmup_steps}", "--config.train.batch_size=4",
           "--config.train.seq_len=16", "--config.eval.seq_len=16", f"--config.train.log_every={log_every}",
           "--config.train.eval_every=1000", f"--config.train.checkpoint_every={checkpoint_every}"]
+
+
+@pytest.fixture(scope="session")
+def mt_shared_run(tmp_path_factory) -> pathlib.Path:
+  """The comparison folder of one tiny StableMoE translation run (``mt_fixtures.shared_run_config``), trained once
+  per test run: xdist's workers share it through their common temporary folder and a lock, so whichever needs it
+  first trains it and the other waits. Read it only; ``mt_fixtures.copy_shared_run`` gives a test its own copy."""
+  from mt_fixtures import train_shared_run  # pylint: disable=import-outside-toplevel (it imports this module)
+  if not os.environ.get("PYTEST_XDIST_WORKER"):
+    return train_shared_run(tmp_path_factory.getbasetemp() / "mt_shared_run")
+  root = tmp_path_factory.getbasetemp().parent  # shared by the workers of this run
+  with open(root / "mt_shared_run.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      return train_shared_run(root / "mt_shared_run")
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)

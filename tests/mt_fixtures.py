@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import itertools
+import json
 import pathlib
+import shutil
 
+import ml_collections
 import pytest
 from conftest import SHARED_DATA
 
 from configs import mt_cpu
+from stablemoe_jax.compare import runner
+from stablemoe_jax.compare.methods import method_configs
 
 MULTI30K_LINES = {"train": 2000, "val": 64}  # every test set: its first 64 lines
 BIBLE_BOOKS = ("Gen", "Exod", "Ruth", "Jonah")  # Ruth and Jonah are held out in the tiny config
@@ -59,3 +64,40 @@ def tiny_model_config(vocab_size: int = 40, router: str = "stablemoe"):
   config.model.dropout = 0.0
   config.model.moe.router = router
   return config
+
+
+def shared_run_config(corpora: pathlib.Path):
+  """The one tiny StableMoE translation run that tests share (``mt_shared_run``): 12 steps, stage 2 from step 7,
+  routing records every 2 steps of 8 validation pairs, greedy BLEU on each set's first 8 sentences."""
+  config = make_tiny_mt_config(corpora)
+  config.train.stage1_steps = 6
+  config.analysis.record_every, config.analysis.sample_tokens = 2, 8 * config.train.seq_len
+  config.decode.beam_size, config.eval.max_sentences = 1, 8
+  config.compare = ml_collections.ConfigDict({"methods": "stablemoe", "seeds": 1})
+  return config
+
+
+def train_shared_run(root: pathlib.Path) -> pathlib.Path:
+  """Trains the shared run as the comparison runner lays it out: ``root/compare/{data, stablemoe/seed0}``.
+
+  Done once per test session, under a lock that xdist's workers share; a finished run is found and kept.
+  """
+  compare_dir = root / "compare"
+  if not (compare_dir / "stablemoe" / "seed0" / "summary.json").is_file():
+    if root.exists():  # a run interrupted by a failure: start over
+      shutil.rmtree(root)
+    root.mkdir(parents=True)
+    config = shared_run_config(write_small_corpora(root / "corpora"))
+    runner.run_all(config, compare_dir, log=lambda *a, **k: None)
+  return compare_dir
+
+
+def copy_shared_run(compare_dir: pathlib.Path, destination: pathlib.Path):
+  """A private copy of the shared run (tests that rewrite its files must not race each other across workers).
+
+  Returns (the run's config, its comparison folder, its run folder, its summary)."""
+  shutil.copytree(compare_dir, destination, symlinks=True)
+  config = shared_run_config(compare_dir.parent / "corpora")
+  run_config = method_configs(config)["stablemoe"]
+  run = destination / "stablemoe" / "seed0"
+  return run_config, destination, run, json.loads((run / "summary.json").read_text())

@@ -8,7 +8,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from mt_fixtures import make_tiny_mt_config, write_small_corpora
+from mt_fixtures import copy_shared_run
 
 from stablemoe_jax.analysis import fluctuation, records
 from stablemoe_jax.analysis.command import analyze_checkpoint
@@ -31,14 +31,10 @@ def test_fluctuation_leaves_padding_out():
 
 
 @pytest.fixture(scope="module")
-def mt_recorded(tmp_path_factory):
-  root = tmp_path_factory.mktemp("mt_analysis")
-  config = make_tiny_mt_config(write_small_corpora(root / "corpora"))
-  config.train.stage1_steps = 6
-  config.analysis.record_every, config.analysis.sample_tokens = 2, 8 * config.train.seq_len
-  config.decode.beam_size = 1
-  workdir = root / "run"
-  summary = loop.train_and_evaluate(config, workdir)
+def mt_recorded(mt_shared_run, tmp_path_factory):
+  """The shared tiny run (conftest.mt_shared_run: 12 steps, stage 2 from step 7, routing recorded every 2 steps
+  of 8 validation pairs), copied: the test rewrites its analysis files."""
+  config, _, workdir, summary = copy_shared_run(mt_shared_run, tmp_path_factory.mktemp("mt_analysis") / "compare")
   return config, workdir, summary
 
 

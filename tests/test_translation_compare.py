@@ -6,7 +6,7 @@ import json
 
 import ml_collections
 import pytest
-from mt_fixtures import make_tiny_mt_config, write_small_corpora
+from mt_fixtures import copy_shared_run, shared_run_config
 
 from stablemoe_jax.compare import report, runner
 
@@ -47,12 +47,12 @@ def test_translation_table_has_bleu_per_pair_and_marks_dead_layers():
 
 
 @pytest.mark.slow
-def test_translation_comparison_end_to_end(tmp_path):
-  config = make_tiny_mt_config(write_small_corpora(tmp_path / "corpora"))
-  config.train.steps, config.train.stage1_steps, config.train.eval_every = 8, 4, 4
-  config.decode.beam_size, config.eval.max_sentences = 1, 8
+def test_translation_comparison_end_to_end(mt_shared_run, tmp_path):
+  # The StableMoE run is the shared one (conftest.mt_shared_run, trained by runner.run_all with methods=stablemoe):
+  # run_all finds it finished and trains dense beside it on the same prepared data.
+  _, workdir, _, _ = copy_shared_run(mt_shared_run, tmp_path / "compare")
+  config = shared_run_config(mt_shared_run.parent / "corpora")
   config.compare = ml_collections.ConfigDict({"methods": "stablemoe,dense", "seeds": 1})
-  workdir = tmp_path / "compare"
   records = runner.run_all(config, workdir)
   rows = report.write_reports(config, records, workdir)
   table = (workdir / "comparison.md").read_text()

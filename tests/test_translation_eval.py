@@ -48,6 +48,22 @@ def test_translated_lines_keep_count_order_and_empty_lines(tokenizer):
   assert out.truncated == 0
 
 
+def test_batches_are_sorted_by_length_and_padded_to_their_length_bucket(tokenizer):
+  lines = REFERENCES + ["A man.", "Two dogs are playing.", "A group of people standing in front of a wooden igloo."]
+  batches = []
+
+  def recording_echo(params, batch):
+    batches.append(batch.copy())
+    return _echo(params, batch)
+
+  out = translate_lines(recording_echo, None, tokenizer, "de", lines, batch_size=2, max_len=64, length_bucket=4)
+  assert out.lines == lines  # in the input order
+  lengths = sorted(len(tokenizer.encode(line)) + 2 for line in lines)  # tag + ids + eos
+  assert [int(n) for b in batches for n in np.sum(b != PAD_ID, axis=1) if n] == lengths  # sorted, shortest first
+  assert all(b.shape == (2, -(-np.max(np.sum(b != PAD_ID, axis=1)) // 4) * 4) for b in batches)
+  assert len(batches) == 4 and not batches[-1][1].any()  # 7 lines: the last batch has an empty row
+
+
 def test_over_long_sources_are_truncated_and_counted(tokenizer):
   out = translate_lines(_echo, None, tokenizer, "de", REFERENCES, batch_size=4, max_len=6)
   assert out.truncated == len(REFERENCES)

@@ -1,10 +1,15 @@
 """The encoder-decoder: cached decoding, padding masks, and which ids each MoE layer's router reads."""
 from __future__ import annotations
 
+import json
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from mt_fixtures import tiny_model_config
+
+from configs import mt_cpu
 
 from stablemoe_jax.models.routing import METRICS, ROUTING
 from stablemoe_jax.models.seq2seq import CACHE, TransformerSeq2Seq
@@ -21,14 +26,20 @@ def _model_and_params(router: str = "stablemoe"):
   return model, params
 
 
-def _decode_step_by_step(model, params, mutable=(CACHE,)):
-  """Logits [B, St, V] and the sown collections of each step, one decoder position at a time with the cache."""
+def _decode_step_by_step(model, params, mutable=(CACHE,), cross_cache: bool = True):
+  """Logits [B, St, V] and the sown collections of each step, one decoder position at a time with the cache.
+
+  ``cross_cache``: the steps read the cross-attention keys and values computed once (``cross_keys_values``, as
+  the translator does); else each step projects them from the encoder output.
+  """
   cache = model.init(jax.random.key(0), SOURCE, jnp.zeros((2, model.config.max_len), jnp.int32), STAGE2,
                      decode=True)[CACHE]
-  encoded = model.apply({"params": params}, SOURCE, STAGE2, method=model.encode)
+  memory = model.apply({"params": params}, SOURCE, STAGE2, method=model.encode)
+  if cross_cache:
+    memory = model.apply({"params": params}, memory, method=model.cross_keys_values)
   logits, sown = [], []
   for i in range(DECODER_INPUTS.shape[1]):
-    step_logits, variables = model.apply({"params": params, CACHE: cache}, encoded, SOURCE, DECODER_INPUTS[:, i:i + 1],
+    step_logits, variables = model.apply({"params": params, CACHE: cache}, memory, SOURCE, DECODER_INPUTS[:, i:i + 1],
                                          STAGE2, decode=True, position=i, method=model.decode, mutable=list(mutable))
     cache = variables[CACHE]
     logits.append(step_logits)
@@ -39,8 +50,39 @@ def _decode_step_by_step(model, params, mutable=(CACHE,)):
 def test_cached_decoding_gives_the_logits_of_the_full_forward():
   model, params = _model_and_params()
   full = model.apply({"params": params}, SOURCE, DECODER_INPUTS, STAGE2)
-  cached, _ = _decode_step_by_step(model, params)
-  np.testing.assert_allclose(cached, full, atol=2e-5)
+  for cross_cache in (True, False):  # cross-attention keys/values computed once, or projected at every step
+    cached, _ = _decode_step_by_step(model, params, cross_cache=cross_cache)
+    np.testing.assert_allclose(cached, full, atol=2e-5)
+
+
+def test_cross_keys_values_are_the_cross_attention_projections_of_the_encoder_output():
+  model, params = _model_and_params()
+  encoded = model.apply({"params": params}, SOURCE, STAGE2, method=model.encode)
+  cross = model.apply({"params": params}, encoded, method=model.cross_keys_values)
+  assert len(cross) == model.config.num_layers
+  for i, (k, v) in enumerate(cross):  # x @ kernel [d, H, Dh] + bias, heads first, by numpy
+    for name, projected in (("key", k), ("value", v)):
+      dense = params[f"decoder_blocks_{i}"]["cross_attention"][name]
+      expected = np.einsum("bsd,dhk->bhsk", np.asarray(encoded), np.asarray(dense["kernel"])) + np.asarray(dense["bias"])[:, None]
+      np.testing.assert_allclose(projected, expected, atol=1e-5)
+
+
+def _param_tree(model_config) -> dict[str, str]:
+  """{path: "dtype[shape]"} of the parameters ``init`` creates (shapes only, nothing computed)."""
+  x = jnp.zeros((2, model_config.max_len), jnp.int32)
+  shapes = jax.eval_shape(lambda: TransformerSeq2Seq(model_config).init(jax.random.key(0), x, x, jnp.array(True)))
+  return {jax.tree_util.keystr(path): f"{leaf.dtype}{list(leaf.shape)}"
+          for path, leaf in jax.tree_util.tree_flatten_with_path(shapes["params"])[0]}
+
+
+def test_parameter_tree_is_the_one_checkpoints_were_written_with():
+  """Names and shapes of every parameter, against the listing written by the code before the cross-attention
+  cache (commit f3459bc): checkpoints trained with it must restore unchanged."""
+  expected = json.loads((pathlib.Path(__file__).parent / "data" / "seq2seq_param_trees.json").read_text())
+  mt = mt_cpu.get_config().model
+  mt.vocab_size = 8000
+  for name, model_config in (("tiny", tiny_model_config().model), ("mt_cpu", mt)):
+    assert _param_tree(model_config) == expected[name], name
 
 
 def test_source_padding_does_not_change_the_output():

@@ -11,6 +11,9 @@ import tqdm
 from stablemoe_jax.data.joint_tokenizer import EOS_ID, JointSentencePiece
 from stablemoe_jax.models.seq2seq import PAD_ID
 
+# Source batches are padded to a multiple of this many positions: a few shapes (compiles), little padding.
+LENGTH_BUCKET = 16
+
 
 @dataclasses.dataclass
 class Translations:
@@ -39,11 +42,13 @@ def encode_sources(tokenizer: JointSentencePiece, language: str, lines: Sequence
 
 
 def translate_lines(translate_fn, params, tokenizer: JointSentencePiece, language: str, lines: Sequence[str],
-                    batch_size: int, max_len: int, progress: bool = False) -> Translations:
+                    batch_size: int, max_len: int, progress: bool = False, length_bucket: int = LENGTH_BUCKET
+                    ) -> Translations:
   """Translates every line; an empty (or blank) line gives an empty line without being decoded.
 
-  Sentences are sorted by length and decoded in batches of [batch_size, max_len] (fixed shapes: one compile;
-  the last batch is padded with empty rows).
+  Sentences are sorted by source length and decoded in batches of [batch_size, S], S the batch's longest
+  source rounded up to a multiple of ``length_bucket`` (at most ``max_len``; so at most max_len / length_bucket
+  shapes to compile); the last batch is filled with empty rows. The outputs are returned in the input order.
   """
   start = time.time()
   outputs = [""] * len(lines)
@@ -54,7 +59,8 @@ def translate_lines(translate_fn, params, tokenizer: JointSentencePiece, languag
   bar.update(len(lines) - len(todo))
   for first in range(0, len(order), batch_size):
     chunk = order[first:first + batch_size]
-    batch = np.full((batch_size, max_len), PAD_ID, np.int32)
+    longest = max(len(sources[k]) for k in chunk)
+    batch = np.full((batch_size, min(max_len, -(-longest // length_bucket) * length_bucket)), PAD_ID, np.int32)
     for row, k in enumerate(chunk):
       batch[row, :len(sources[k])] = sources[k]
     tokens, _ = translate_fn(params, batch)

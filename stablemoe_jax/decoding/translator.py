@@ -1,4 +1,5 @@
-"""Translation with a trained TransformerSeq2Seq: encode once, then greedy or beam search with the KV cache.
+"""Translation with a trained TransformerSeq2Seq: encode once, project each decoder block's cross-attention
+keys and values once, then greedy or beam search with the self-attention's key/value cache.
 
 The decoding model routes without a capacity limit (``model.moe.eval_capacity_factor = 0``, one routing
 group), so no token is ever dropped and each decode step's token goes to the expert a teacher-forced
@@ -43,14 +44,17 @@ def make_translate_fn(model_config, beam_size: int, max_len: int, length_penalty
   def translate(params, source):
     batch = source.shape[0]
     rows = batch * beam_size
-    encoded = model.apply({"params": params}, source, stage2, method=model.encode)
-    encoded, source = jnp.repeat(encoded, beam_size, axis=0), jnp.repeat(source, beam_size, axis=0)
+    encoded = model.apply({"params": params}, source, stage2, method=model.encode)  # [B, Ss, d]
+    # Each decoder block's cross-attention keys and values [B, H, Ss, Dh], projected once per sentence and
+    # then repeated over its beams (row b * K + k); constant over the steps, so not in the reordered cache.
+    cross = model.apply({"params": params}, encoded, method=model.cross_keys_values)
+    cross, source = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), (cross, source))
     cache_shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), source, jnp.zeros((rows, max_len), jnp.int32),
                                                      stage2, decode=True)[CACHE])
     cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache_shapes)
 
     def step_fn(tokens, cache, position):
-      logits, variables = model.apply({"params": params, CACHE: cache}, encoded, source, tokens[:, None], stage2,
+      logits, variables = model.apply({"params": params, CACHE: cache}, cross, source, tokens[:, None], stage2,
                                       decode=True, position=position, method=model.decode, mutable=[CACHE])
       return jax.nn.log_softmax(logits[:, 0]), variables[CACHE]
 

@@ -7,7 +7,9 @@ the decoder, as the same ``MoELayer`` (routers, distilled routers, dispatchers) 
 encoder's routers read the source ids, the decoder's the decoder's input ids (the shifted target).
 
 Decoding (``decode=True``) feeds one position at a time: the decoder self-attention keeps its keys and
-values in the ``cache`` collection, and the encoder output is computed once and passed in.
+values in the ``cache`` collection; the encoder output and each decoder block's cross-attention keys and
+values (``cross_keys_values``) are computed once per sentence and passed in, so a step projects only its
+own token.
 """
 from __future__ import annotations
 
@@ -25,50 +27,67 @@ PAD_ID = 0  # the tokenizer's pad id: source positions with it are masked, targe
 CACHE = "cache"  # the Flax collection of the decoder self-attention's keys and values
 
 
+def _heads_first(x: jax.Array) -> jax.Array:
+  """[B, S, H, Dh] -> [B, H, S, Dh]: the attention's batch dimensions (B, H) leading, as its matmuls want them."""
+  return x.transpose(0, 2, 1, 3)
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention of queries [B, Sq, d] over keys/values [B, Sk, d] with a boolean mask.
 
-  With ``decode=True`` (self-attention only) the keys and values of each call are appended to a cache of
-  ``max_len`` positions created by an ``init`` with ``decode=True`` on inputs [B, max_len]; the queries then
-  attend to every cached position so far.
+  The keys and values may also come projected already (``project_keys_values``), as the decoder's
+  cross-attention does when decoding. With ``decode=True`` (self-attention only) the keys and values of each
+  call are appended to a cache of ``max_len`` positions created by an ``init`` with ``decode=True`` on inputs
+  [B, max_len]; the queries then attend to every cached position so far. Keys, values and the cache are
+  kept heads-first, [B, H, S, Dh], so that a decode step reads them without transposing them.
   """
 
   num_heads: int
+  d_model: int
   dtype: Any = jnp.float32
 
-  @nn.compact
-  def __call__(self, queries: jax.Array, keys_values: jax.Array, mask: jax.Array | None,
-               decode: bool = False) -> jax.Array:
-    """queries [B, Sq, d], keys_values [B, Sk, d], mask bool [B, 1 or H, Sq, Sk] (True: attend) -> [B, Sq, d]."""
-    d = queries.shape[-1]
-    head_dim = d // self.num_heads
-    dense = lambda name: nn.DenseGeneral((self.num_heads, head_dim), dtype=self.dtype, name=name)
-    q, k, v = dense("query")(queries), dense("key")(keys_values), dense("value")(keys_values)  # [B, S, H, Dh]
+  def setup(self):
+    head_dim = self.d_model // self.num_heads
+    dense = lambda: nn.DenseGeneral((self.num_heads, head_dim), dtype=self.dtype)
+    self.query, self.key, self.value = dense(), dense(), dense()
+    self.out = nn.DenseGeneral(self.d_model, axis=(-2, -1), dtype=self.dtype)
+
+  def project_keys_values(self, keys_values: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """keys_values [B, Sk, d] -> their keys and values, each [B, H, Sk, Dh]."""
+    return _heads_first(self.key(keys_values)), _heads_first(self.value(keys_values))
+
+  @nn.compact  # the decode cache's variables are created here
+  def __call__(self, queries: jax.Array, keys_values: jax.Array | tuple[jax.Array, jax.Array],
+               mask: jax.Array | None, decode: bool = False) -> jax.Array:
+    """queries [B, Sq, d]; keys_values [B, Sk, d], or ``project_keys_values`` of them (k, v), each [B, H, Sk, Dh];
+    mask bool [B, 1 or H, Sq, Sk] (True: attend) -> [B, Sq, d]."""
+    q = _heads_first(self.query(queries))  # [B, H, Sq, Dh]
+    k, v = keys_values if isinstance(keys_values, (list, tuple)) else self.project_keys_values(keys_values)
     if decode:
       k, v, mask = self._extend_cache(k, v)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(head_dim).astype(jnp.float32)
+    head_dim = q.shape[-1]
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(head_dim).astype(jnp.float32)
     if mask is not None:
       scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
-    return nn.DenseGeneral(d, axis=(-2, -1), dtype=self.dtype, name="out")(out)
+    return self.out(jnp.einsum("bhqk,bhkd->bqhd", weights, v))
 
   def _extend_cache(self, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Writes k, v [B, Sq, H, Dh] at the cache index; returns all cached k, v [B, L, H, Dh] and their mask."""
+    """Writes k, v [B, H, Sq, Dh] at the cache index; returns all cached k, v [B, H, L, Dh] and their mask."""
     initialised = self.has_variable(CACHE, "cached_key")
     cached_key = self.variable(CACHE, "cached_key", jnp.zeros, k.shape, k.dtype)
     cached_value = self.variable(CACHE, "cached_value", jnp.zeros, v.shape, v.dtype)
     index = self.variable(CACHE, "index", lambda: jnp.array(0, jnp.int32))
-    if not initialised:  # the init call only creates the cache [B, max_len, H, Dh]
-      return k, v, nn.make_causal_mask(k[..., 0, 0])
+    if not initialised:  # the init call only creates the cache [B, H, max_len, Dh]
+      return k, v, nn.make_causal_mask(k[:, 0, :, 0])
     start = index.value
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k.astype(cached_key.value.dtype),
-                                                    (0, start, 0, 0))
+                                                    (0, 0, start, 0))
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v.astype(cached_value.value.dtype),
-                                                      (0, start, 0, 0))
-    index.value = start + k.shape[1]
-    length = cached_key.value.shape[1]
-    query_positions = start + jnp.arange(k.shape[1])
+                                                      (0, 0, start, 0))
+    index.value = start + k.shape[2]
+    length = cached_key.value.shape[2]
+    query_positions = start + jnp.arange(k.shape[2])
     mask = jnp.arange(length)[None, :] <= query_positions[:, None]  # [Sq, L]: causal over the cache
     return cached_key.value, cached_value.value, mask[None, None]
 
@@ -98,8 +117,8 @@ class EncoderBlock(nn.Module):
     """mask bool [B, 1, 1 or S, S]."""
     drop = nn.Dropout(self.dropout)
     y = nn.LayerNorm(dtype=self.dtype)(x)
-    x = x + drop(MultiHeadAttention(self.num_heads, self.dtype, name="self_attention")(y, y, mask),
-                 deterministic=deterministic)
+    attention = MultiHeadAttention(self.num_heads, x.shape[-1], self.dtype, name="self_attention")
+    x = x + drop(attention(y, y, mask), deterministic=deterministic)
     y = FeedForward(self.d_ff, self.dtype, name="ffn")(nn.LayerNorm(dtype=self.dtype)(x))
     return x + drop(y, deterministic=deterministic)
 
@@ -108,22 +127,31 @@ class DecoderBlock(nn.Module):
   """Pre-LN: causal self-attention, attention over the encoder output, FFN; each a residual sublayer."""
 
   num_heads: int
+  d_model: int
   d_ff: int
   dropout: float
   dtype: Any = jnp.float32
 
+  def setup(self):
+    # The attentions are built here so that ``cross_keys_values`` reaches the cross-attention; the FFN and the
+    # LayerNorms stay in ``__call__`` (LayerNorm_0..2): the parameter tree is the same as when all were there.
+    self.self_attention = MultiHeadAttention(self.num_heads, self.d_model, self.dtype)
+    self.cross_attention = MultiHeadAttention(self.num_heads, self.d_model, self.dtype)
+
+  def cross_keys_values(self, encoded: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """encoded [B, Ss, d] -> the cross-attention's keys and values, each [B, H, Ss, Dh]."""
+    return self.cross_attention.project_keys_values(encoded)
+
   @nn.compact
-  def __call__(self, x: jax.Array, encoded: jax.Array, cross_mask: jax.Array, deterministic: bool,
-               decode: bool = False) -> jax.Array:
-    """x [B, S, d], encoded [B, Ss, d], cross_mask bool [B, 1, 1, Ss] -> [B, S, d]."""
+  def __call__(self, x: jax.Array, encoded: jax.Array | tuple[jax.Array, jax.Array], cross_mask: jax.Array,
+               deterministic: bool, decode: bool = False) -> jax.Array:
+    """x [B, S, d]; encoded [B, Ss, d], or its ``cross_keys_values``; cross_mask bool [B, 1, 1, Ss] -> [B, S, d]."""
     drop = nn.Dropout(self.dropout)
     y = nn.LayerNorm(dtype=self.dtype)(x)
     self_mask = None if decode else nn.make_causal_mask(x[..., 0])
-    x = x + drop(MultiHeadAttention(self.num_heads, self.dtype, name="self_attention")(y, y, self_mask, decode),
-                 deterministic=deterministic)
+    x = x + drop(self.self_attention(y, y, self_mask, decode), deterministic=deterministic)
     y = nn.LayerNorm(dtype=self.dtype)(x)
-    x = x + drop(MultiHeadAttention(self.num_heads, self.dtype, name="cross_attention")(y, encoded, cross_mask),
-                 deterministic=deterministic)
+    x = x + drop(self.cross_attention(y, encoded, cross_mask), deterministic=deterministic)
     y = FeedForward(self.d_ff, self.dtype, name="ffn")(nn.LayerNorm(dtype=self.dtype)(x))
     return x + drop(y, deterministic=deterministic)
 
@@ -155,7 +183,7 @@ class TransformerSeq2Seq(nn.Module):
     self.embedding_dropout = nn.Dropout(cfg.dropout)
     self.encoder_blocks = [EncoderBlock(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype)
                            for _ in range(cfg.num_layers)]
-    self.decoder_blocks = [DecoderBlock(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype)
+    self.decoder_blocks = [DecoderBlock(cfg.num_heads, d, cfg.d_ff, cfg.dropout, dtype)
                            for _ in range(cfg.num_layers)]
     self.encoder_norm = nn.LayerNorm(dtype=dtype)
     self.decoder_norm = nn.LayerNorm(dtype=dtype)
@@ -193,29 +221,39 @@ class TransformerSeq2Seq(nn.Module):
     # Padding takes no expert capacity and counts in no routing loss or metric.
     return getattr(self, f"{side}_moe")[k](x, token_ids, in_stage1, deterministic, token_mask=token_ids != PAD_ID)
 
-  def _stack(self, side: str, blocks, x, token_ids, in_stage1, deterministic, run_block):
-    """Blocks with the MoE layers at their positions (``moe_positions``: blocks before each)."""
-    for block in range(len(blocks) + 1):
+  def _stack(self, side: str, num_blocks: int, x, token_ids, in_stage1, deterministic, run_block):
+    """``run_block(i, x)`` for each block i with the MoE layers at their positions (``moe_positions``: blocks
+    before each)."""
+    for block in range(num_blocks + 1):
       for k in [k for k, p in enumerate(self.placement) if p == block]:
         x = self._moe_position(side, k, x, token_ids, in_stage1, deterministic)
-      if block < len(blocks):
-        x = run_block(blocks[block], x)
+      if block < num_blocks:
+        x = run_block(block, x)
     return x
 
   def encode(self, source: jax.Array, in_stage1: jax.Array, deterministic: bool = True) -> jax.Array:
     """source int32 [B, Ss] (pad = PAD_ID) -> encoded [B, Ss, d]."""
     x = self._embed(source, 0, deterministic)
     mask = padding_mask(source)  # keys only: a pad position's own output is never read
-    x = self._stack("encoder", self.encoder_blocks, x, source, in_stage1, deterministic,
-                    lambda block, x: block(x, mask, deterministic))
+    x = self._stack("encoder", len(self.encoder_blocks), x, source, in_stage1, deterministic,
+                    lambda i, x: self.encoder_blocks[i](x, mask, deterministic))
     return self.encoder_norm(x)
 
-  def decode(self, encoded: jax.Array, source: jax.Array, decoder_inputs: jax.Array, in_stage1: jax.Array,
-             deterministic: bool = True, decode: bool = False, position: jax.Array | int = 0) -> jax.Array:
+  def cross_keys_values(self, encoded: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
+    """encoded [B, Ss, d] -> each decoder block's cross-attention keys and values, each [B, H, Ss, Dh].
+
+    What ``decode`` would project from ``encoded`` at every call; decoding computes it once and passes it instead.
+    """
+    return [block.cross_keys_values(encoded) for block in self.decoder_blocks]
+
+  def decode(self, encoded: jax.Array | list[tuple[jax.Array, jax.Array]], source: jax.Array,
+             decoder_inputs: jax.Array, in_stage1: jax.Array, deterministic: bool = True, decode: bool = False,
+             position: jax.Array | int = 0) -> jax.Array:
     """Logits float32 [B, St, V] of the next token at each decoder input position.
 
     Args:
-      encoded: [B, Ss, d], the encoder output.
+      encoded: [B, Ss, d], the encoder output, or its ``cross_keys_values`` (the same logits, without
+        projecting the encoder output again).
       source: int32 [B, Ss], the source ids (for the cross-attention padding mask).
       decoder_inputs: int32 [B, St], bos followed by the target (teacher forcing), or St = 1 when decoding.
       in_stage1: bool scalar.
@@ -224,10 +262,11 @@ class TransformerSeq2Seq(nn.Module):
         ``mutable=["cache"]``).
       position: the position of ``decoder_inputs[:, 0]`` (the step index when decoding).
     """
+    memory = encoded if isinstance(encoded, (list, tuple)) else [encoded] * len(self.decoder_blocks)
     cross_mask = padding_mask(source)
     y = self._embed(decoder_inputs, position, deterministic)
-    y = self._stack("decoder", self.decoder_blocks, y, decoder_inputs, in_stage1, deterministic,
-                    lambda block, y: block(y, encoded, cross_mask, deterministic, decode))
+    y = self._stack("decoder", len(self.decoder_blocks), y, decoder_inputs, in_stage1, deterministic,
+                    lambda i, y: self.decoder_blocks[i](y, memory[i], cross_mask, deterministic, decode))
     y = self.decoder_norm(y)
     return self.embed.attend(y.astype(jnp.float32))
 

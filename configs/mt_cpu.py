@@ -33,7 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.moe.sublayers_per_expert = 1
 
   train = config.train
-  train.steps = 1200  # about an hour at ~3 s a step on 2 quiet cores (measured with length buckets)
+  train.steps = 1200  # about an hour: 3.1 s a step on 2 quiet cores (measured at 64 x 64; buckets keep the positions)
   train.stage1_steps = 200
   train.batch_size = 64
   train.seq_len = 64  # source and target positions (tag and eos / bos included); longer pairs are counted, not used

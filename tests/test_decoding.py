@@ -6,6 +6,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from mt_fixtures import tiny_model_config
 
 from stablemoe_jax.data.joint_tokenizer import BOS_ID, EOS_ID
@@ -22,6 +23,7 @@ def _peaked_params(model, seed: int):
   return {**params, "embed": {"embedding": params["embed"]["embedding"] * 6.0}}
 
 
+@pytest.mark.slow  # ~30 s on 2 cores
 def test_beam_size_one_is_greedy_search():
   config = tiny_model_config(vocab_size=40).model
   params = _peaked_params(TransformerSeq2Seq(config), seed=1)

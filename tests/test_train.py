@@ -150,6 +150,7 @@ def test_checkpoint_from_another_config_is_refused(uninterrupted):
     loop.evaluate_checkpoint(other, workdir)
 
 
+@pytest.mark.slow  # ~30 s on 2 cores
 def test_short_real_data_run_lowers_the_loss(tiny_config, tmp_path):
   tiny_config.model.d_model, tiny_config.model.d_ff = 64, 128
   tiny_config.train.steps, tiny_config.train.stage1_steps, tiny_config.train.warmup_steps = 60, 20, 5

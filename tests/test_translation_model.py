@@ -7,6 +7,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from mt_fixtures import tiny_model_config
 
 from configs import mt_cpu
@@ -47,6 +48,7 @@ def _decode_step_by_step(model, params, mutable=(CACHE,), cross_cache: bool = Tr
   return jnp.concatenate(logits, axis=1), sown
 
 
+@pytest.mark.slow  # ~30 s on 2 cores
 def test_cached_decoding_gives_the_logits_of_the_full_forward():
   model, params = _model_and_params()
   full = model.apply({"params": params}, SOURCE, DECODER_INPUTS, STAGE2)

@@ -177,11 +177,6 @@ class MixedPairIterator:
   def weights(self) -> dict[str, float]:
     return {s.pair: float(w) for s, w in zip(self._sets, self._weights)}
 
-  @property
-  def bucket_probabilities(self) -> dict[int, float]:
-    """{bucket length: probability that a batch is of that bucket}."""
-    return {b: float(p) for b, p in zip(self._buckets, self._bucket_probs)}
-
   def __iter__(self):
     return self
 

@@ -18,6 +18,15 @@ MULTI30K_LINES = {"train": 2000, "val": 64}  # every test set: its first 64 line
 BIBLE_BOOKS = ("Gen", "Exod", "Ruth", "Jonah")  # Ruth and Jonah are held out in the tiny config
 
 
+def multi30k_lines(name: str, start: int, count: int) -> list[str]:
+  """Lines ``start`` to ``start + count`` of the shared Multi30k file ``name`` (e.g. ``train.de``), without their ends."""
+  path = SHARED_DATA / "multi30k" / name
+  if not path.is_file():
+    pytest.fail(f"Multi30k not found under {SHARED_DATA}; set STABLEMOE_DATA_DIR to the shared data folder.")
+  with path.open(encoding="utf-8") as f:
+    return [line.rstrip("\n") for line in itertools.islice(f, start, start + count)]
+
+
 def write_small_corpora(root: pathlib.Path) -> pathlib.Path:
   """Copies the first lines of every Multi30k file and the Bible's verses of BIBLE_BOOKS into ``root``."""
   source = SHARED_DATA

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import itertools
 import json
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA
-from mt_fixtures import make_tiny_mt_config
+from mt_fixtures import make_tiny_mt_config, multi30k_lines
 
 from configs import mt_files
 from stablemoe_jax.config_validation import ConfigError, validate_config
@@ -19,14 +17,6 @@ from stablemoe_jax.data import translation as data_lib
 
 OPTIONS = prepare.Options(shard_pairs=150, batch_lines=64, workers=0, progress=False)
 TRAIN_LINES = 240  # per training file; de-en has two, fr-en one (gzip)
-
-
-def _multi30k_lines(name: str, start: int, count: int) -> list[str]:
-  path = SHARED_DATA / "multi30k" / name
-  if not path.is_file():
-    pytest.fail(f"Multi30k not found under {SHARED_DATA}; set STABLEMOE_DATA_DIR to the shared data folder.")
-  with path.open(encoding="utf-8") as f:
-    return [line.rstrip("\n") for line in itertools.islice(f, start, start + count)]
 
 
 def write_files_corpus(root):
@@ -38,7 +28,7 @@ def write_files_corpus(root):
     files.update(valid=("val", 0, 24), test=("test_2016_flickr", 0, 24))
     for stem, (corpus, start, count) in files.items():
       for side in (language, "en"):
-        content = "".join(f"{line}\n" for line in _multi30k_lines(f"{corpus}.{side}", start, count)).encode()
+        content = "".join(f"{line}\n" for line in multi30k_lines(f"{corpus}.{side}", start, count)).encode()
         if language == "fr" and stem.startswith("train"):
           (folder / f"{stem}.{side}.gz").write_bytes(gzip.compress(content, mtime=0))
         else:
@@ -196,7 +186,7 @@ def test_a_lone_carriage_return_stays_inside_its_line_in_both_paths(tmp_path):
   for name, stem in parallel.multi30k_files("de").items():
     count = 300 if name == "train" else 12
     for side in ("de", "en"):
-      lines = _multi30k_lines(f"{'train' if name == 'train' else 'val'}.{side}", 0, count)
+      lines = multi30k_lines(f"{'train' if name == 'train' else 'val'}.{side}", 0, count)
       if side == "de":
         lines[2] = lines[2].replace(" ", "\r", 1)  # a lone CR inside a source line
       lines[5] += "\r"  # a CRLF line end on both sides

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -130,6 +131,34 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, tmp_path
   train_records = lambda d: [r for r in read(d) if "loss" in r]
   assert [r["step"] for r in train_records(tmp_path)] == [2, 4, 6, 8, 10, 12]
   assert [r["loss"] for r in train_records(tmp_path)] == [r["loss"] for r in train_records(full_dir)]
+
+
+@pytest.mark.slow
+def test_finished_inverse_sqrt_run_extends_to_more_steps_as_a_longer_run(uninterrupted, tmp_path):
+  """An inverse-sqrt schedule does not read train.steps: an 8-step run resumed with steps=12 ends bit for bit where
+  a 12-step run does. A linear schedule does (its decay ends at train.steps): there the change is refused."""
+  config = uninterrupted[0].copy_and_resolve_references()
+  config.train.schedule = "inverse_sqrt"
+  whole = loop.train_and_evaluate(config, tmp_path / "whole")
+  short = config.copy_and_resolve_references()
+  short.train.steps = 8
+  assert loop.train_and_evaluate(short, tmp_path / "extended")["steps"] == 8
+  extended = loop.train_and_evaluate(config, tmp_path / "extended")
+  (step_a, state_a, data_a), (step_b, state_b, data_b) = (_restore_final(tmp_path / d, config)
+                                                          for d in ("whole", "extended"))
+  assert step_a == step_b == 12
+  jax.tree.map(np.testing.assert_array_equal, state_a.params, state_b.params)
+  jax.tree.map(np.testing.assert_array_equal, state_a.opt_state, state_b.opt_state)
+  assert data_a == data_b and extended["valid"] == whole["valid"]
+  short.train.steps = 10  # shorter than the latest checkpoint
+  with pytest.raises(CheckpointMismatchError, match="at step 12, past train.steps=10"):
+    loop.train_and_evaluate(short, tmp_path / "extended")
+
+  linear, linear_dir = uninterrupted[0].copy_and_resolve_references(), tmp_path / "linear"  # the 12-step linear run
+  shutil.copytree(uninterrupted[1], linear_dir)
+  linear.train.steps = 16
+  with pytest.raises(CheckpointMismatchError, match="train.steps: checkpoint 12, this config 16"):
+    loop.train_and_evaluate(linear, linear_dir)
 
 
 def test_eval_mode_restores_checkpoint_and_reproduces_final_perplexity(uninterrupted):

@@ -13,8 +13,9 @@ Writes, under `DIR/data/translation` (where `main` reads them, see `translation.
 
 Steps as for the LM (`prepare`): tokenizer -> plan (`shards.plan_aligned`: the same line ranges of source and
 target, `--shard_pairs` a shard) -> one Beam task per shard (`beam_pipeline`, `shard_writer`) -> manifest.
-Resumable, fingerprinted and cleaned of stale shards the same way. The inputs: Multi30k and the Bible, or a
-user's own files (`data.corpus = "files"`, `parallel_files`). `--skip_bad_files`: a file pair with a line that is
+Resumable, fingerprinted and cleaned of stale shards the same way. The inputs: Multi30k and the Bible, a
+user's own files (`data.corpus = "files"`, `parallel_files`), or the WMT pairs' prepared TFDS records (`"wmt"`,
+exported once to `raw/` by `wmt.file_pairs`). `--skip_bad_files`: a file pair with a line that is
 not UTF-8 is left out of the tokenizer and of its set, and listed under `skipped_files` in the report (a set left
 without pairs stops the run); without it the first bad line stops the run, naming its file and line.
 """
@@ -33,6 +34,7 @@ from stablemoe_jax.data import shard_writer
 from stablemoe_jax.data import shards
 from stablemoe_jax.data import text
 from stablemoe_jax.data import translation
+from stablemoe_jax.data import wmt
 from stablemoe_jax.data.joint_tokenizer import JointSentencePiece
 from stablemoe_jax.data.locate import DataNotFoundError, ENV_VAR
 
@@ -47,10 +49,13 @@ def _write_if_changed(path: pathlib.Path, lines: tuple[str, ...]) -> None:
 
 
 def file_pairs(data_config: Any, directory: pathlib.Path) -> FilePairs:
-  """{(pair, set name): [(source file, target file)]} of the config's pairs: Multi30k and the Bible, or
-  (``data.corpus = "files"``) the user's own files (``parallel_files``)."""
-  if data_config.get('corpus', 'multi30k_bible') == 'files':
+  """{(pair, set name): [(source file, target file)]} of the config's pairs: Multi30k and the Bible, the user's
+  own files (``data.corpus = "files"``, ``parallel_files``) or the prepared TFDS WMT builders (``"wmt"``)."""
+  corpus = data_config.get('corpus', 'multi30k_bible')
+  if corpus == 'files':
     return parallel_files.file_pairs(data_config)
+  if corpus == 'wmt':
+    return wmt.file_pairs(data_config, directory)
   settings = translation.settings(data_config)
   data_dir = translation.data_dir(data_config)
   if data_dir is None:

@@ -266,9 +266,13 @@ class TranslationData:
 
 
 def settings(data_config: Any) -> dict:
-  if data_config.get("corpus", "multi30k_bible") == "files":  # a user's own parallel files
+  corpus = data_config.get("corpus", "multi30k_bible")
+  if corpus == "files":  # a user's own parallel files
     from stablemoe_jax.data import parallel_files
     return parallel_files.settings(data_config)
+  if corpus == "wmt":  # the paper's WMT pairs, from prepared TFDS builders
+    from stablemoe_jax.data import wmt
+    return wmt.settings(data_config)
   return {"pairs": list(parallel.parse_pairs(data_config.pairs)),
           "bible_valid_books": list(parallel.parse_books(data_config.bible_valid_books)),
           "bible_test_books": list(parallel.parse_books(data_config.bible_test_books)),

@@ -17,15 +17,15 @@ def decode_settings(config) -> dict:
           "max_len": dec.max_len or config.model.max_len, "length_penalty_form": "logprob_sum / length**a"}
 
 
-def bleu_report(config, data, params, split: str) -> dict:
+def bleu_report(config, data, params, split: str, mesh=None) -> dict:
   """Cased sacreBLEU of every set of ``split`` ('valid' or 'test'), each pair's primary set and their average.
 
   Sources are translated from their first ``eval.seq_len`` tokens; ``eval.max_sentences > 0`` takes each set's
-  first sentences only.
+  first sentences only. ``mesh``: the run's, to split the sentences over its devices (``make_translate_fn``).
   """
   settings = decode_settings(config)
   translate_fn = make_translate_fn(config.model, settings["beam_size"], settings["max_len"],
-                                   settings["length_penalty"])
+                                   settings["length_penalty"], mesh=mesh)
   limit = config.eval.get("max_sentences", 0)
   sets, truncated, sentences, seconds, signature = {}, 0, 0, 0.0, ""
   for encoded in data.split_sets(split):

@@ -1,9 +1,14 @@
 """Translation with a trained TransformerSeq2Seq: encode once, project each decoder block's cross-attention
 keys and values once, then greedy or beam search with the self-attention's key/value cache.
 
-The decoding model routes without a capacity limit (``model.moe.eval_capacity_factor = 0``, one routing
-group), so no token is ever dropped and each decode step's token goes to the expert a teacher-forced
-forward over the same prefix gives it (``tests/test_translation_model.py``).
+The decoding model routes without a capacity limit (``model.moe.eval_capacity_factor = 0``), so no token is
+ever dropped and each decode step's token goes to the expert a teacher-forced forward over the same prefix
+gives it (``tests/test_translation_model.py``).
+
+On a mesh of several devices (a run's ``exp.mesh``, any layout, any number of processes) the sentences are
+split over every device and the parameters replicated for decoding (all-gathered once per batch, inside the
+program); each device routes its own sentences (one routing group a device), which with no capacity limit gives
+every token the expert one device gives it (``tests/test_decoding_devices.py``).
 """
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from stablemoe_jax.data.joint_tokenizer import BOS_ID, EOS_ID
 from stablemoe_jax.decoding import search
@@ -20,25 +27,28 @@ from stablemoe_jax.models.seq2seq import CACHE, PAD_ID, TransformerSeq2Seq
 FORBIDDEN_IDS = (PAD_ID, BOS_ID)  # never generated
 
 
-def decoding_model_config(model_config) -> ml_collections.ConfigDict:
-  """``model_config`` with no-drop routing: capacity = every token of the (single) routing group."""
+def decoding_model_config(model_config, groups: int = 1) -> ml_collections.ConfigDict:
+  """``model_config`` with no-drop routing (capacity = every token of its group) in ``groups`` routing groups."""
   config = ml_collections.ConfigDict(model_config.to_dict())
   config.moe.eval_capacity_factor = 0.0
-  config.moe.num_groups = 1
+  config.moe.num_groups = groups
   config.dropout = 0.0
   return config
 
 
-def make_translate_fn(model_config, beam_size: int, max_len: int, length_penalty: float = 1.0
-                      ) -> Callable[[dict, jax.Array], tuple[jax.Array, jax.Array]]:
+def make_translate_fn(model_config, beam_size: int, max_len: int, length_penalty: float = 1.0,
+                      mesh: Mesh | None = None) -> Callable[[dict, np.ndarray], tuple[jax.Array, jax.Array]]:
   """A jitted ``(params, source int32 [B, Ss]) -> (tokens int32 [B, max_len], scores float32 [B])``.
 
   ``tokens`` is the best hypothesis (eos, then pad); ``beam_size`` 1 is greedy search. ``max_len`` (at most
-  ``model.max_len``) bounds the generated tokens, eos included.
+  ``model.max_len``) bounds the generated tokens, eos included. With a ``mesh`` of D > 1 devices the B sentences
+  are split over its devices (B is padded to a multiple of D with empty sources inside; every process passes the
+  same ``source``) and the outputs are replicated.
   """
   if not 0 < max_len <= model_config.max_len:
     raise ValueError(f"decoding max_len={max_len} must lie in (0, model.max_len={model_config.max_len}].")
-  model = TransformerSeq2Seq(decoding_model_config(model_config))
+  devices = 1 if mesh is None else mesh.devices.size
+  model = TransformerSeq2Seq(decoding_model_config(model_config, groups=devices))
   stage2 = jnp.array(False)
 
   def translate(params, source):
@@ -64,4 +74,27 @@ def make_translate_fn(model_config, beam_size: int, max_len: int, length_penalty
                                       FORBIDDEN_IDS, length_penalty)
     return seqs[:, 0], scores[:, 0]
 
-  return jax.jit(translate)
+  if devices == 1:
+    return jax.jit(translate)
+  return _split_over_devices(translate, mesh)
+
+
+def _split_over_devices(translate, mesh: Mesh):
+  """``translate`` with its sentences split over every device of ``mesh`` and its parameters replicated."""
+  replicated = NamedSharding(mesh, PartitionSpec())
+  rows = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))  # rows over all axes: one block a device
+
+  @jax.jit
+  def on_mesh(params, source):
+    params = jax.lax.with_sharding_constraint(params, replicated)  # whatever layout training left them in
+    tokens, scores = translate(params, jax.lax.with_sharding_constraint(source, rows))
+    return jax.lax.with_sharding_constraint((tokens, scores), replicated)
+
+  def run(params, source: np.ndarray):
+    batch = source.shape[0]
+    padded = np.full((-(-batch // mesh.devices.size) * mesh.devices.size, source.shape[1]), PAD_ID, np.int32)
+    padded[:batch] = source
+    tokens, scores = on_mesh(params, jax.make_array_from_callback(padded.shape, rows, lambda index: padded[index]))
+    return np.asarray(tokens)[:batch], np.asarray(scores)[:batch]  # replicated: each process reads its copy
+
+  return run

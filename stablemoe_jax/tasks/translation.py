@@ -30,11 +30,12 @@ class TranslationTask:
 
   def load_data(self, data_config, prepared_dir):
     corpus = data_config.get("corpus", "multi30k_bible")
-    if corpus == "wmt":
-      return wmt.load_wmt_data(data_config, pathlib.Path(prepared_dir))
-    if corpus == "files" and not (pathlib.Path(prepared_dir) / "translation" / data_lib.MANIFEST).is_file():
+    # A user's files and WMT go through `prepare` (pair shards); Multi30k and the Bible are encoded here if not.
+    if corpus in ("files", "wmt") and not (pathlib.Path(prepared_dir) / "translation" / data_lib.MANIFEST).is_file():
+      if corpus == "wmt":
+        wmt.require_prepared(data_config)
       raise data_lib.DataNotFoundError(
-          f"data.corpus='files': nothing prepared in {prepared_dir}; first run `python -m "
+          f"data.corpus={corpus!r}: nothing prepared in {prepared_dir}; first run `python -m "
           f"stablemoe_jax.data.prepare --config CONFIG --workdir WORKDIR` with this config and workdir.")
     return data_lib.load_translation_data(data_config, pathlib.Path(prepared_dir))
 
@@ -101,5 +102,5 @@ class TranslationTask:
                                           cfg.eval.seq_len)
     weights = data_lib.MixedPairIterator(experiment.data.split_sets("train"), cfg.train.batch_size,
                                          cfg.train.seq_len, cfg.seed, cfg.data.sampling_temperature).weights
-    return {"bleu": bleu_report(cfg, experiment.data, params, split), "pair_weights": weights,
+    return {"bleu": bleu_report(cfg, experiment.data, params, split, mesh=experiment.mesh), "pair_weights": weights,
             "over_length": report}

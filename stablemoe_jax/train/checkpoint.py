@@ -10,6 +10,9 @@ import orbax.checkpoint as ocp
 
 # Train settings that may change between a run and its resumption without changing its result.
 _RESUMABLE_TRAIN_KEYS = ("log_every", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints")
+# Schedules whose learning rate at a step does not depend on ``train.steps``: a finished run of one of them may be
+# extended (resumed with a larger ``train.steps``) and continues as a run set that long from the start would.
+_STEP_COUNT_FREE_SCHEDULES = ("inverse_sqrt",)
 
 
 class CheckpointMismatchError(ValueError):
@@ -32,16 +35,20 @@ def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
 _LAYOUT_MOE_KEYS = ("dispatcher", "eval_dispatcher", "block_size")
 # Likewise how the model is computed on this machine (attention kernel, rematerialisation): the same parameters.
 _IMPLEMENTATION_MODEL_KEYS = ("attention", "remat")
+# Where the inputs lie on this machine (a run reads its prepared data from the workdir).
+_DATA_LOCATION_KEYS = ("data_dir", "tfds_data_dir")
 
 
 def _comparable(config: dict, for_training: bool) -> dict:
   model = {k: v for k, v in config["model"].items() if k not in _IMPLEMENTATION_MODEL_KEYS}
   model["moe"] = {k: v for k, v in model.get("moe", {}).items() if k not in _LAYOUT_MOE_KEYS}
-  sections = {"model": model, "data": {k: v for k, v in config["data"].items() if k != "data_dir"}}
+  sections = {"model": model, "data": {k: v for k, v in config["data"].items() if k not in _DATA_LOCATION_KEYS}}
   sections["task"] = config.get("task", "lm")  # configs written before the key existed are language models
   if for_training:
     sections["seed"] = config["seed"]
     sections["train"] = {k: v for k, v in config["train"].items() if k not in _RESUMABLE_TRAIN_KEYS}
+    if sections["train"].get("schedule", "linear") in _STEP_COUNT_FREE_SCHEDULES:
+      del sections["train"]["steps"]
   return sections
 
 

@@ -194,6 +194,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   start = exp.checkpointer.latest_step
   if start is not None:
     state, data_state = exp.checkpointer.restore(start, ckpt_lib.abstract_like(state))
+    if start > train_cfg.steps:  # only a schedule free of train.steps gets here (restore compares the rest)
+      raise ckpt_lib.CheckpointMismatchError(
+          f"the latest checkpoint in {exp.workdir / 'checkpoints'} is at step {start}, past train.steps="
+          f"{train_cfg.steps}; set --config.train.steps={start} or more to extend the run, or use a new --workdir.")
     train_iter.set_state(data_state)
     print(f"resumed from the checkpoint at step {start} in {exp.workdir}", flush=True)
   start = start or 0

@@ -36,9 +36,9 @@ from stablemoe_jax.data import text
 from stablemoe_jax.data import translation
 from stablemoe_jax.data import wmt
 from stablemoe_jax.data.joint_tokenizer import JointSentencePiece
+from stablemoe_jax.data.parallel_files import FilePairs
 from stablemoe_jax.data.locate import DataNotFoundError, ENV_VAR
 
-FilePairs = dict[tuple[str, str], list[tuple[pathlib.Path, pathlib.Path]]]
 
 
 def _write_if_changed(path: pathlib.Path, lines: tuple[str, ...]) -> None:

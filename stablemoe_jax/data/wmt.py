@@ -24,6 +24,7 @@ import sys
 from typing import Any, Iterator
 
 from stablemoe_jax.data.locate import DataError, DataNotFoundError
+from stablemoe_jax.data.parallel_files import FilePairs
 
 # pair -> (TFDS builder, its config, the version this codebase was written against)
 WMT_BUILDERS = {
@@ -137,7 +138,7 @@ def export_split(builder, split: str, pair: str, paths: tuple[pathlib.Path, path
   marker.write_text(json.dumps(identity) + "\n")
 
 
-def file_pairs(data_config: Any, directory: pathlib.Path) -> dict[tuple[str, str], list[tuple[pathlib.Path, pathlib.Path]]]:
+def file_pairs(data_config: Any, directory: pathlib.Path) -> FilePairs:
   """{(pair, set name): [(source file, target file)]}: each pair's TFDS splits exported under ``directory/raw``.
 
   Raises:
@@ -151,7 +152,7 @@ def file_pairs(data_config: Any, directory: pathlib.Path) -> dict[tuple[str, str
   for pair in parse_wmt_pairs(data_config.pairs):
     builder = _open(pathlib.Path(data_config.tfds_data_dir), pair)
     if "train" not in builder.info.splits:
-      raise DataError(f"{prepared_path(data_config.tfds_data_dir, pair)} has no train split "
+      raise DataError(f"{builder.data_dir} has no train split "
                       f"(splits: {', '.join(builder.info.splits)}); prepare {builder_name(pair)} again.")
     for split in builder.info.splits:
       name = SET_NAMES.get(split, split)

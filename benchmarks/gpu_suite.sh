@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
-# The GPU session's one script: every throughput / agreement number of issue 8, as JSON lines under $OUT.
+# The GPU session's one script: every throughput number of issue 24, as JSON lines under $OUT, in one call.
 #
-#   OUT=/tmp/out bash benchmarks/gpu_suite.sh [part ...]     parts: base large layer agreement (default: all)
+#   OUT=/tmp/out bash benchmarks/gpu_suite.sh [part ...]   parts: base32 layer base16 large agreement
+#                                                          (default: base32 layer base16 large)
 #
-# Writes $OUT/<part>.jsonl (one JSON object per line), $OUT/suite.log (every command, its stderr and exit
-# status) and $OUT/env.txt (GPU, driver, versions): 6 files. Each part runs under its own timeout, all
-# together at most 690 s (200 + 140 + 6 x 45 + 80): run it as two commands, `base large` (340 s) and
-# `layer agreement` (350 s), each inside one 10-minute call; a part that times out keeps the rows it printed
-# (each case prints as it ends).
-# Per-step batches: the configs' 512 x 1024 tokens (8 microbatches of 64 x 1024) are cut to 16 x 1024 in one
-# microbatch (--config.train.batch_size=16 --config.train.microbatches=1; num_groups=16, one routing group
-# per sequence as in the configs), so a case compiles and steps in seconds. lm_large runs on one device
-# (mesh.expert=1) with 4 x 1024 tokens: its parameters, gradients and Adam state take 53 GiB (plan.py), and
-# 8 x 1024 would add ~24 GiB of activations, too close to an H100's 78 GiB; on an H200 set LARGE_ROWS=8.
-# BASE_ROWS / LARGE_ROWS change the rows (of 1024 tokens) per step.
+# Writes $OUT/<part>.jsonl (one JSON object per line), $OUT/suite.log (every command, its stderr and exit status)
+# and $OUT/env.txt (GPU, driver, versions). The parts run in the order given, by priority, each under its own
+# timeout and all under one deadline (SUITE_SECONDS, default 450 s, so one 10-minute call holds the suite with
+# room for the machine's start): a part gets at most the time left. A part stopped by its timeout keeps the
+# rows it printed (each case prints as it ends).
+#   base32 / base16: benchmarks.throughput on configs/lm_base.py at 32 / 16 x 1024 tokens in one microbatch
+#     (one routing group per sequence, as the config): the plain-JAX reference, dense, index dispatch at
+#     capacity factor 2.0 (the config's) and 1.0; each row carries its compiled program's op counts.
+#   layer: benchmarks.moe_layer, one MoE layer fwd + bwd in bf16 at lm_base's and lm_large's shapes, index
+#     against grouped (row blocks of 128 and 512) at capacity factor 2.0, 1.0 and 0 (no drops: evaluation).
+#   large: configs/lm_large.py on one device (mesh.expert=1), 4 x 1024 tokens (LARGE_ROWS; 8 on an H200):
+#     reference, dense and index at cf 1.0.
+#   agreement: benchmarks.loss_agreement, 200 steps of the CPU default model, dispatchers x float32 / bfloat16.
+# Compiles dominate (20-40 s a train step at lm_base): JAX_COMPILATION_CACHE_DIR makes a rerun on a warm
+# machine skip them.
 set -u
 OUT=${OUT:?set OUT to the output folder}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}  # a rerun on a warm machine skips compiles
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
 PY=${PYTHON:-python3}
-PARTS=${*:-base large layer agreement}
-RAW=$(mktemp)
+PARTS=${*:-base32 layer base16 large}
+DEADLINE=$(( $(date +%s) + ${SUITE_SECONDS:-450} ))
 
 # Packages the GPU image lacks (ml_collections) travel as wheels in .whl/ (DEVELOPERS.md); install them once.
 if ! $PY -c "import ml_collections" 2>/dev/null; then
@@ -34,47 +39,42 @@ fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1;
   $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__); print(jax.devices())"; } >"$OUT/env.txt" 2>&1
 
-run() {  # run PART SECONDS command...
+run() {  # run PART SECONDS command...: appends the command's stdout to $OUT/PART.jsonl
   local part=$1 seconds=$2; shift 2
-  local dest=$OUT/$part.jsonl
-  [ "$part" = layer_raw ] && dest=$RAW
-  echo "== $part ($seconds s): $*" >>"$OUT/suite.log"
-  timeout --signal=INT --kill-after=10 "$seconds" "$@" >>"$dest" 2>>"$OUT/suite.log"
-  echo "== $part exit $?" >>"$OUT/suite.log"
+  local left=$(( DEADLINE - $(date +%s) ))
+  (( left < seconds )) && seconds=$left
+  if (( seconds < 20 )); then echo "== $part skipped: ${left} s left before the deadline" >>"$OUT/suite.log"; return; fi
+  echo "== $part ($seconds s, started $(date -u +%T)): $*" >>"$OUT/suite.log"
+  timeout --signal=INT --kill-after=10 "$seconds" "$@" >>"$OUT/$part.jsonl" 2>>"$OUT/suite.log"
+  echo "== $part exit $? at $(date -u +%T)" >>"$OUT/suite.log"
 }
 
-BASE_ROWS=${BASE_ROWS:-16}
+base() {  # base ROWS
+  run base$1 240 $PY -m benchmarks.throughput --config configs/lm_base.py --config.train.batch_size=$1 \
+    --config.train.microbatches=1 --config.model.moe.num_groups=$1 --steps 8 --warmup 2 \
+    --cases "index_cf2.0:model.moe.dispatcher=index,model.moe.capacity_factor=2.0;index_cf1.0:model.moe.dispatcher=index,model.moe.capacity_factor=1.0" \
+    ${PROFILE:+--profile_dir /tmp/profile$1}
+}
+
 LARGE_ROWS=${LARGE_ROWS:-4}
 for part in $PARTS; do
   case $part in
-    base)  # lm_base: dense + default cases (index cf 2.0 / 1.0, grouped where present)
-      run base 200 $PY -m benchmarks.throughput --config configs/lm_base.py --config.train.batch_size=$BASE_ROWS \
-        --config.train.microbatches=1 --config.model.moe.num_groups=$BASE_ROWS --steps 8 --warmup 2 ;;
-    large)  # lm_large: dense + index and (if present) grouped at cf 1.0
-      cases="index_cf1.0:model.moe.dispatcher=index,model.moe.capacity_factor=1.0"
-      if $PY -c "import sys; from stablemoe_jax.models.dispatch import DISPATCHERS; sys.exit('grouped' not in DISPATCHERS)"; then
-        cases="$cases;grouped_cf1.0:model.moe.dispatcher=grouped,model.moe.capacity_factor=1.0"
-      fi
-      run large 140 $PY -m benchmarks.throughput --config configs/lm_large.py --config.mesh.expert=1 \
+    base32) base 32 ;;
+    base16) base 16 ;;
+    layer)  # 16 routing groups of 1024 tokens, as the configs; one process per shape, every capacity factor
+      run layer 120 $PY -m benchmarks.moe_layer --tokens 16384 --d_model 768 --d_ff 3072 --experts 32 \
+        --sublayers 3 --groups 16 --capacity_factor 2.0,1.0,0 --block_size 128,512 --repeats 10 \
+        --dtype bfloat16 --dispatchers index,grouped
+      run layer 120 $PY -m benchmarks.moe_layer --tokens 16384 --d_model 1024 --d_ff 4096 --experts 64 \
+        --sublayers 6 --groups 16 --capacity_factor 2.0,1.0,0 --block_size 128,512 --repeats 5 \
+        --dtype bfloat16 --dispatchers index,grouped ;;
+    large)
+      run large 150 $PY -m benchmarks.throughput --config configs/lm_large.py --config.mesh.expert=1 \
         --config.train.batch_size=$LARGE_ROWS --config.train.microbatches=1 --config.model.moe.num_groups=$LARGE_ROWS \
-        --steps 5 --warmup 1 --cases "$cases" ;;
-    layer)  # one MoE layer, fwd + bwd, bf16: base (16K tokens, 768/3072, 32 experts, 3 sublayers), large
-      for cf in 2.0 1.0 0; do  # one routing group per 1024 tokens, as in the configs; 0: no drops (evaluation)
-        run layer_raw 45 $PY -m benchmarks.moe_layer --tokens 16384 --d_model 768 --d_ff 3072 --experts 32 \
-          --sublayers 3 --groups 16 --capacity_factor $cf --repeats 10 --dtype bfloat16 --dispatchers index,grouped,one_hot
-        run layer_raw 45 $PY -m benchmarks.moe_layer --tokens 16384 --d_model 1024 --d_ff 4096 --experts 64 \
-          --sublayers 6 --groups 16 --capacity_factor $cf --repeats 5 --dtype bfloat16 --dispatchers index,grouped
-      done
-      # moe_layer prints indented JSON objects: one line each in layer.jsonl
-      $PY -c "
-import json, sys
-text, decoder, i = open(sys.argv[1]).read(), json.JSONDecoder(), 0
-while (i := text.find('{', i)) >= 0:
-  obj, i = decoder.raw_decode(text, i)
-  print(json.dumps(obj))" "$RAW" >>"$OUT/layer.jsonl" 2>>"$OUT/suite.log" ;;
-    agreement)  # 200 steps of the CPU default model, dispatchers x float32 / bfloat16, synthetic bigram data
+        --steps 5 --warmup 1 --cases "index_cf1.0:model.moe.dispatcher=index,model.moe.capacity_factor=1.0" ;;
+    agreement)
       run agreement 80 $PY -m benchmarks.loss_agreement --config configs/default.py --steps 200 ;;
-    *) echo "unknown part $part (base large layer agreement)" >&2; exit 2 ;;
+    *) echo "unknown part $part (base32 layer base16 large agreement)" >&2; exit 2 ;;
   esac
 done
 ls -l "$OUT"

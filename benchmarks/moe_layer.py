@@ -69,19 +69,25 @@ def main():
   parser.add_argument("--experts", type=int, default=8)
   parser.add_argument("--sublayers", type=int, default=2)
   parser.add_argument("--groups", type=int, default=1)
-  parser.add_argument("--capacity_factor", type=float, default=2.0)
-  parser.add_argument("--block_size", type=int, default=128)
+  parser.add_argument("--capacity_factor", default="2.0",
+                      help="comma-separated; one JSON line each (<= 0: no token dropped, as in evaluation)")
+  parser.add_argument("--block_size", default="128", help="grouped dispatcher's row blocks, comma-separated: "
+                      "grouped runs at each (named grouped_b<size> when more than one)")
   parser.add_argument("--dispatchers", default=",".join(DISPATCHERS), help="comma-separated subset")
   parser.add_argument("--autodiff_check", action="store_true")
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--dtype", default="float32", help="compute dtype of the FFN matmuls (bfloat16 on GPUs)")
   args = parser.parse_args()
   dtype = jnp.dtype(args.dtype)
-  names = args.dispatchers.split(",")
+  block_sizes = [int(b) for b in args.block_size.split(",")]
+  names = []  # (result name, dispatcher, block size)
+  for name in args.dispatchers.split(","):
+    sizes = block_sizes if name == "grouped" else block_sizes[:1]
+    names += [(f"{name}_b{b}" if len(sizes) > 1 else name, name, b) for b in sizes]
   if args.autodiff_check:
     dispatch.DISPATCHERS["grouped_autodiff"] = functools.partial(  # this process only
-        grouped_autodiff_dispatch, block_size=args.block_size)
-    names.append("grouped_autodiff")
+        grouped_autodiff_dispatch, block_size=block_sizes[0])
+    names.append(("grouped_autodiff", "grouped_autodiff", block_sizes[0]))
 
   x = jax.random.normal(jax.random.key(0), (1, args.tokens, args.d_model)).astype(dtype)
   ids = jax.random.randint(jax.random.key(1), (1, args.tokens), 0, 10000)
@@ -95,33 +101,35 @@ def main():
     y = apply_ffn_experts(params, x[None], jnp.arange(1), jnp.arange(1), None, dtype=dtype)[0]
     return jnp.sum(((x + y) ** 2).astype(jnp.float32))
 
-  results = {"device": str(jax.devices()[0].device_kind), "args": vars(args)}
-  results["dense_ffn_s"] = time_fn(grad(dense_loss), dense_params, x, repeats=args.repeats)
   dense_fwd = lambda params, x: x + apply_ffn_experts(params, x[None], jnp.arange(1), jnp.arange(1), None,
                                                      dtype=dtype)[0]
-  results["dense_ffn_fwd_s"] = time_fn(jax.jit(dense_fwd), dense_params, x, repeats=args.repeats)
-  for name in names:
-    cfg = ml_collections.ConfigDict(dict(
-        router="stablemoe", num_experts=args.experts, capacity_factor=args.capacity_factor,
-        eval_capacity_factor=args.capacity_factor, num_groups=args.groups, shuffle_tokens=False, dispatcher=name,
-        eval_dispatcher=name, block_size=args.block_size, stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1)))
-    layer = MoELayer(cfg, 10000, args.sublayers, args.d_ff, dtype=dtype)
-    with jax.set_mesh(mesh):
-      params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
+  dense_s = time_fn(grad(dense_loss), dense_params, x, repeats=args.repeats)
+  dense_fwd_s = time_fn(jax.jit(dense_fwd), dense_params, x, repeats=args.repeats)
+  for capacity_factor in (float(c) for c in args.capacity_factor.split(",")):
+    results = {"device": str(jax.devices()[0].device_kind), "args": {**vars(args), "capacity_factor": capacity_factor},
+               "dense_ffn_s": dense_s, "dense_ffn_fwd_s": dense_fwd_s}
+    for result_name, name, block_size in names:
+      cfg = ml_collections.ConfigDict(dict(
+          router="stablemoe", num_experts=args.experts, capacity_factor=capacity_factor,
+          eval_capacity_factor=capacity_factor, num_groups=args.groups, shuffle_tokens=False, dispatcher=name,
+          eval_dispatcher=name, block_size=block_size, stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1)))
+      layer = MoELayer(cfg, 10000, args.sublayers, args.d_ff, dtype=dtype)
+      with jax.set_mesh(mesh):
+        params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
 
-    def moe_loss(params, x, layer=layer):
-      return jnp.sum((layer.apply({"params": params}, x, ids, jnp.array(True)) ** 2).astype(jnp.float32))
+      def moe_loss(params, x, layer=layer):
+        return jnp.sum((layer.apply({"params": params}, x, ids, jnp.array(True)) ** 2).astype(jnp.float32))
 
-    results[f"moe_{name}_s"] = time_fn(grad(moe_loss), params, x, repeats=args.repeats)
-    results[f"moe_{name}_over_dense"] = results[f"moe_{name}_s"] / results["dense_ffn_s"]
-    forward = jax.jit(functools.partial(layer.apply, deterministic=True))
-    with jax.set_mesh(mesh):
-      results[f"moe_{name}_fwd_s"] = time_fn(forward, {"params": params}, x, ids, jnp.array(True),
-                                             repeats=args.repeats)
-    results[f"moe_{name}_fwd_over_dense"] = results[f"moe_{name}_fwd_s"] / results["dense_ffn_fwd_s"]
-  if "index" in names:
-    results["tokens_per_s_index_dispatch"] = args.tokens / results["moe_index_s"]
-  print(json.dumps(results, indent=2))
+      results[f"moe_{result_name}_s"] = time_fn(grad(moe_loss), params, x, repeats=args.repeats)
+      results[f"moe_{result_name}_over_dense"] = results[f"moe_{result_name}_s"] / dense_s
+      forward = jax.jit(functools.partial(layer.apply, deterministic=True))
+      with jax.set_mesh(mesh):
+        results[f"moe_{result_name}_fwd_s"] = time_fn(forward, {"params": params}, x, ids, jnp.array(True),
+                                                      repeats=args.repeats)
+      results[f"moe_{result_name}_fwd_over_dense"] = results[f"moe_{result_name}_fwd_s"] / dense_fwd_s
+    if "moe_index_s" in results:
+      results["tokens_per_s_index_dispatch"] = args.tokens / results["moe_index_s"]
+    print(json.dumps(results), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@
 Every case is the config plus a set of overrides, measured with ``main``'s own train step (model,
 optimizer, train state, ``donate_argnums=0``, microbatches, mesh) on random token batches, so no data
 directory is needed. The dense backbone (``model.moe.enabled=False``) is always measured first, in the
-same process; every other row carries ``tokens_per_s_vs_dense``. One JSON line per case on stdout.
+same process; every other row carries ``tokens_per_s_vs_dense``. Before it, unless ``--noreference``, the
+``reference`` row: a plain JAX/Flax GPT-2 step of the dense backbone's shapes (``benchmarks/reference_gpt2.py``),
+so every run gives ``dense / reference`` (the project's overhead) and ``moe / dense`` on the same device.
+One JSON line per case on stdout.
 
 ``--cases``: cases separated by ";", each ``[name:]key=value[,key=value...]`` with keys relative to the
 config (``model.moe.dispatcher=index,model.moe.capacity_factor=1.0``). A dispatcher is just a case:
@@ -29,6 +32,9 @@ import jax
 import ml_collections
 import numpy as np
 
+from benchmarks import reference_gpt2
+from benchmarks.op_counts import hlo_counts
+from benchmarks.trace_summary import profile_steps
 from stablemoe_jax import flops as flops_lib
 from stablemoe_jax.config_validation import ConfigError, check_backend, validate_config
 from stablemoe_jax.models import dispatch as dispatch_lib
@@ -42,6 +48,7 @@ from stablemoe_jax.train.step import jit_train_step
 DEFAULT_VOCAB_SIZE = 50_257  # GPT-2 BPE, the paper's vocabulary; used when model.vocab_size is 0
 DENSE = "dense"
 DENSE_OVERRIDES = {"model.moe.enabled": "False"}
+REFERENCE = "reference"  # benchmarks/reference_gpt2.py: a plain JAX/Flax GPT-2 step of the dense backbone's shapes
 
 # Dense peak FLOP/s of one device, by a substring of jax's ``device_kind`` (first match wins, so the more
 # specific names come first): (bf16 / fp16, float32). float32 is the TF32 tensor-core peak, since XLA's
@@ -172,6 +179,13 @@ def _compiled_bytes(compiled) -> int | None:
     return None
 
 
+def _hlo_ops(compiled) -> dict | None:
+  try:
+    return hlo_counts(compiled.as_text())
+  except Exception:  # noqa: BLE001 - an executable without HLO text
+    return None
+
+
 def _dispatcher_name(name: str, mesh) -> str:
   """``model.moe.dispatcher`` with "auto" resolved to the dispatcher the layer picks on ``mesh``."""
   with jax.set_mesh(mesh):
@@ -190,6 +204,7 @@ class Prepared:
   compiled: Any
   batches: list
   compile_s: float
+  train_flops_per_token: int | None = None  # None: analytic, from the project model's parameter tree
 
 
 def prepare_case(base: ml_collections.ConfigDict, case: Case, vocab_size: int = DEFAULT_VOCAB_SIZE,
@@ -220,14 +235,34 @@ def prepare_case(base: ml_collections.ConfigDict, case: Case, vocab_size: int = 
   return Prepared(case, config, mesh, state, compiled, batches, time.perf_counter() - start)
 
 
-def measure_case(prepared: Prepared, steps: int = 10, warmup: int = 2) -> dict:
+def prepare_reference(base: ml_collections.ConfigDict, vocab_size: int = DEFAULT_VOCAB_SIZE,
+                      num_batches: int = 2) -> Prepared:
+  """The plain JAX/Flax GPT-2 step (``benchmarks/reference_gpt2.py``) at the dense backbone's shapes, compiled."""
+  config = apply_overrides(base, DENSE_OVERRIDES)
+  if not config.model.vocab_size:
+    config.model.vocab_size = vocab_size
+  validate_config(config)
+  shape = reference_gpt2.shape_from_config(config)
+  model, tx = reference_gpt2.GPT2(shape), reference_gpt2.make_optimizer(config.train)
+  state = reference_gpt2.init_state(model, tx, config.seed)
+  train = config.train
+  batches = [jax.device_put(synthetic_batch(config.seed + i, train.batch_size, train.seq_len, shape.vocab_size))
+             for i in range(num_batches)]
+  start = time.perf_counter()
+  compiled = reference_gpt2.jit_train_step(model, tx).lower(state, batches[0]).compile()
+  return Prepared(Case(REFERENCE, {}), config, None, state, compiled, batches, time.perf_counter() - start,
+                  reference_gpt2.train_flops_per_token(shape, train.seq_len))
+
+
+def measure_case(prepared: Prepared, steps: int = 10, warmup: int = 2, profile_dir: str | None = None) -> dict:
   """Runs ``warmup`` + ``steps`` train steps of a prepared case and returns its JSON row.
 
   Each step is timed to its state being ready (``block_until_ready``); the row's ``step_time_s`` is the
   median of the timed ones. ``peak_memory_bytes``: the device's ``peak_bytes_in_use`` if it reports one
   (a process-wide high-water mark: ``peak_memory_upper_bound`` is true when this case did not raise it,
   so its own peak is at most that), else the compiled step's ``memory_analysis`` (arguments + outputs
-  - donated aliases + temporaries).
+  - donated aliases + temporaries). ``profile_dir``: three more steps run under the profiler, and the row's
+  ``profile`` gives the device time per step by op (``benchmarks/trace_summary.py``).
   """
   config, compiled = prepared.config, prepared.compiled
   model_cfg, moe, train = config.model, config.model.moe, config.train
@@ -247,12 +282,15 @@ def measure_case(prepared: Prepared, steps: int = 10, warmup: int = 2) -> dict:
       times.append(time.perf_counter() - start)
     losses.append((float(metrics["loss"]), float(metrics["task_loss"])))
   after = _memory_stats() or {}
+  profile = None
+  if profile_dir:
+    state, profile = profile_steps(compiled, state, prepared.batches[0], 3, f"{profile_dir}/{prepared.case.name}")
 
   tokens_per_step = train.batch_size * train.seq_len
   step_time = statistics.median(times)
   routed = has_moe_layers(model_cfg)
   capacity_factor = moe.capacity_factor if routed else None
-  analytic = train_flops_per_token(state.params, train.seq_len)
+  analytic = prepared.train_flops_per_token or train_flops_per_token(state.params, train.seq_len)
   peak = peak_flops_per_s(device.device_kind, model_cfg.dtype)
   xla_flops = _cost_flops(compiled)
   counts = flops_lib.param_counts(state.params)
@@ -270,7 +308,8 @@ def measure_case(prepared: Prepared, steps: int = 10, warmup: int = 2) -> dict:
       "backend": jax.default_backend(),
       "jax_version": jax.__version__,
       "dtype": model_cfg.dtype,
-      "attention": attention_implementation(model_cfg),
+      "attention": (reference_gpt2.shape_from_config(config).attention if prepared.case.name == REFERENCE
+                    else attention_implementation(model_cfg)),
       "remat": model_cfg.get("remat", "none"),
       "moe": routed,
       "router": moe.router if routed else None,
@@ -302,6 +341,9 @@ def measure_case(prepared: Prepared, steps: int = 10, warmup: int = 2) -> dict:
       "peak_memory_upper_bound": upper_bound,
       "compiled_memory_bytes": compiled_bytes,
       "state_donated": donated,
+      # the compiled step's instructions on this device (converts, transposes, copies, GEMMs by dtype, fusions)
+      "hlo_ops": _hlo_ops(compiled),
+      "profile": profile,
       # the LM cross-entropy, and the total with the routers' auxiliary losses; random tokens: ~log V
       "task_loss_first": losses[0][1],
       "task_loss_last": losses[-1][1],
@@ -311,28 +353,36 @@ def measure_case(prepared: Prepared, steps: int = 10, warmup: int = 2) -> dict:
 
 
 def run_cases(base: ml_collections.ConfigDict, cases: list[Case], *, steps: int = 10, warmup: int = 2,
-              vocab_size: int = DEFAULT_VOCAB_SIZE, emit=None) -> list[dict]:
-  """Measures the dense backbone, then every case; a case that fails (e.g. out of memory) gets an error row.
+              vocab_size: int = DEFAULT_VOCAB_SIZE, emit=None, reference: bool = True,
+              profile_dir: str | None = None) -> list[dict]:
+  """Measures the plain-JAX reference (if ``reference``), the dense backbone, then every case.
 
-  ``emit(row)`` is called as each row is ready (the CLI prints it), so a later failure loses nothing.
+  Every row after the first carries its tokens/s and step time relative to the rows measured before it
+  (``tokens_per_s_vs_reference``, ``tokens_per_s_vs_dense``). A case that fails (e.g. out of memory) gets an
+  error row. ``emit(row)`` is called as each row is ready (the CLI prints it), so a later failure loses nothing.
   """
-  rows, dense = [], None
-  for case in [Case(DENSE, DENSE_OVERRIDES), *cases]:
+  rows, baselines = [], {}
+  first = [Case(REFERENCE, {})] if reference else []
+  for case in [*first, Case(DENSE, DENSE_OVERRIDES), *cases]:
     try:
-      row = measure_case(prepare_case(base, case, vocab_size), steps, warmup)
+      prepared = (prepare_reference(base, vocab_size) if case.name == REFERENCE
+                  else prepare_case(base, case, vocab_size))
+      row = measure_case(prepared, steps, warmup, profile_dir)
     except ConfigError:
       raise
     except Exception as error:  # noqa: BLE001 - one case's failure (OOM, unsupported kernel) must not end the run
       row = {"case": case.name, "overrides": case.overrides, "device_kind": jax.devices()[0].device_kind,
              "jax_version": jax.__version__, "error": f"{type(error).__name__}: {str(error)[:2000]}"}
-    if case.name == DENSE and "error" not in row:
-      dense = row
-    elif dense is not None and "error" not in row:
-      row["tokens_per_s_vs_dense"] = row["tokens_per_s"] / dense["tokens_per_s"]
-      row["step_time_vs_dense"] = row["step_time_s"] / dense["step_time_s"]
+    if "error" not in row:
+      for name, baseline in baselines.items():
+        row[f"tokens_per_s_vs_{name}"] = row["tokens_per_s"] / baseline["tokens_per_s"]
+        row[f"step_time_vs_{name}"] = row["step_time_s"] / baseline["step_time_s"]
+      if case.name in (REFERENCE, DENSE):
+        baselines[case.name] = row
     rows.append(row)
     if emit:
       emit(row)
+    prepared = None
     gc.collect()  # frees the last case's state and executable before the next one allocates
   return rows
 
@@ -347,6 +397,10 @@ def main() -> None:
   steps = flags.DEFINE_integer("steps", 10, "Timed steps per case (after compilation and --warmup).")
   warmup = flags.DEFINE_integer("warmup", 2, "Untimed steps per case after compilation.")
   vocab = flags.DEFINE_integer("vocab_size", DEFAULT_VOCAB_SIZE, "Vocabulary when model.vocab_size is 0.")
+  reference = flags.DEFINE_bool("reference", True, "Measure the plain JAX/Flax GPT-2 step "
+                                "(benchmarks/reference_gpt2.py) first, at the dense backbone's shapes.")
+  profile = flags.DEFINE_string("profile_dir", "", "If set, profile 3 more steps of each case there and add "
+                                "the device time per op to its row (benchmarks/trace_summary.py).")
   flags.mark_flags_as_required(["config"])
 
   def run(argv):
@@ -356,9 +410,12 @@ def main() -> None:
       raise app.UsageError("--steps and --vocab_size must be >= 1, --warmup >= 0")
     try:
       chosen = parse_cases(cases.value) if cases.value else default_cases()
-      print(f"devices: {jax.devices()}; cases: {[DENSE] + [c.name for c in chosen]}", file=sys.stderr, flush=True)
+      first = [REFERENCE] if reference.value else []
+      print(f"devices: {jax.devices()}; cases: {first + [DENSE] + [c.name for c in chosen]}", file=sys.stderr,
+            flush=True)
       run_cases(config.value, chosen, steps=steps.value, warmup=warmup.value, vocab_size=vocab.value,
-                emit=lambda row: print(json.dumps(row), flush=True))
+                emit=lambda row: print(json.dumps(row), flush=True), reference=reference.value,
+                profile_dir=profile.value or None)
     except (ConfigError, ValueError) as error:  # bad cases or config: one line, exit status 2
       print(f"error: {error}", file=sys.stderr)
       sys.exit(2)

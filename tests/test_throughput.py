@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -40,24 +41,44 @@ def _check_flops(row):
 
 @pytest.fixture(scope="module")
 def quick_rows():
-  """Dense and one MoE case (1 block, 1 expert sublayer, capacity factor 1) in one run: ~30 s on 2 cores."""
+  """The reference, dense and one MoE case (1 block, 1 expert sublayer, capacity factor 1): ~35 s on 2 cores."""
   return throughput.run_cases(_tiny_config(num_layers=1, sublayers=1),
                               [throughput.Case("cf1", {"model.moe.capacity_factor": "1.0"})], steps=2, warmup=1)
 
 
-def test_rows_have_required_keys_and_dense_is_measured_first(quick_rows):
-  assert [r["case"] for r in quick_rows] == ["dense", "cf1"]
+def test_rows_have_required_keys_and_the_baselines_are_measured_first(quick_rows):
+  assert [r["case"] for r in quick_rows] == ["reference", "dense", "cf1"]
   for row in quick_rows:
     assert "error" not in row, row
     assert set(throughput.REQUIRED_KEYS) <= set(row), set(throughput.REQUIRED_KEYS) - set(row)
     assert row["tokens_per_s"] > 0 and row["peak_memory_bytes"] > 0 and row["jax_version"] == jax.__version__
     assert row["mfu"] is None and row["peak_memory_source"].startswith("memory_analysis")  # CPU: neither known
-    assert row["state_donated"]  # jit_train_step donates the state: the step's input buffers are gone
-  dense, moe = quick_rows
+    assert row["state_donated"]  # both steps donate the state: the step's input buffers are gone
+  reference, dense, moe = quick_rows
+  assert reference["moe"] is False and "tokens_per_s_vs_dense" not in reference
   assert dense["moe"] is False and dense["dispatcher"] is None and "tokens_per_s_vs_dense" not in dense
+  assert dense["tokens_per_s_vs_reference"] == pytest.approx(dense["tokens_per_s"] / reference["tokens_per_s"])
   assert moe["dispatcher"] == "index" and moe["capacity_factor"] == 1.0  # "auto" on one device
   assert moe["tokens_per_s_vs_dense"] == pytest.approx(moe["tokens_per_s"] / dense["tokens_per_s"])
+  assert moe["tokens_per_s_vs_reference"] == pytest.approx(moe["tokens_per_s"] / reference["tokens_per_s"])
   assert moe["train_flops_per_token"] > dense["train_flops_per_token"]
+  # the same shapes: the reference's closed-form count equals the count read off the project's parameter tree
+  assert reference["train_flops_per_token"] == dense["train_flops_per_token"]
+  assert reference["params"] == dense["params"]
+
+
+def test_reference_starts_at_log_vocab_and_trains():
+  """The plain GPT-2 step: uniform predictions at init (loss log V), and 30 Adam steps on one batch fit it."""
+  config = _tiny_config(num_layers=1)
+  config.train.learning_rate = 3e-3
+  prepared = throughput.prepare_reference(config)
+  state, losses = prepared.state, []
+  for _ in range(30):
+    state, metrics = prepared.compiled(state, prepared.batches[0])
+    losses.append(float(metrics["loss"]))
+  # logits = LN(x) . wte with wte ~ N(0, 0.02^2), d = 64: std 0.16, so the loss is log V + ~0.013
+  assert losses[0] == pytest.approx(math.log(1000), abs=0.05)
+  assert losses[-1] < losses[0] - 1.0, losses  # 128 random tokens: memorised fast
 
 
 def test_analytic_train_flops_match_xla_cost_analysis(quick_rows):

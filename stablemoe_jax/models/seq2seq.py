@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.moe import MoELayer
-from stablemoe_jax.models.transformer import dense_match_plan, moe_positions
+from stablemoe_jax.models.transformer import dense_match_plan, moe_positions, tied_logits
 
 PAD_ID = 0  # the tokenizer's pad id: source positions with it are masked, target positions with it unscored
 CACHE = "cache"  # the Flax collection of the decoder self-attention's keys and values
@@ -268,7 +268,7 @@ class TransformerSeq2Seq(nn.Module):
     y = self._stack("decoder", len(self.decoder_blocks), y, decoder_inputs, in_stage1, deterministic,
                     lambda i, y: self.decoder_blocks[i](y, memory[i], cross_mask, deterministic, decode))
     y = self.decoder_norm(y)
-    return self.embed.attend(y.astype(jnp.float32))
+    return tied_logits(y, self.embed.embedding)
 
   def __call__(self, source: jax.Array, decoder_inputs: jax.Array, in_stage1: jax.Array,
                deterministic: bool = True, decode: bool = False) -> jax.Array:

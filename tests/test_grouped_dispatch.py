@@ -176,7 +176,9 @@ def test_no_drop_evaluation_uses_grouped_and_equals_index(eval_capacity_factor, 
 def test_dispatcher_names_resolve_by_mesh_and_drops():
   resolve = dispatch.resolve_dispatcher_name
   assert resolve("auto") == "index" and resolve("grouped") == "grouped"
-  assert resolve("index", eval_name="auto", no_drops=True) == "grouped"
+  assert resolve("index", eval_name="auto", no_drops=True) == "grouped"  # the tests' backend: the CPU
+  assert resolve("index", eval_name="auto", no_drops=True, backend="cpu") == "grouped"
+  assert resolve("index", eval_name="auto", no_drops=True, backend="gpu") == "index"  # its block loop is slow there
   assert resolve("index", eval_name="auto", no_drops=False) == "index"
   assert resolve("grouped", eval_name="one_hot") == "one_hot"
   with pytest.raises(ValueError, match="unknown dispatcher 'nope'"):

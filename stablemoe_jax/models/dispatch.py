@@ -15,7 +15,8 @@ expert_ids [E_local], group_ids [G'], rng)`` and brings the rows back in token o
   mesh's ``expert`` axis each way, so each device runs only its own experts;
 - ``grouped``: the same slots as ``index``, but the kept tokens of all groups on expert-sorted rows
   padded per expert to a block of b rows, each block through its own expert: about the routed rows'
-  FLOPs instead of ``E * C`` rows per group (the evaluation default when nothing is dropped);
+  FLOPs instead of ``E * C`` rows per group (the CPU's evaluation default when nothing is dropped; on a
+  GPU its block loop is far slower than ``index``);
 - ``one_hot``: GShard's dense ``[T, E, C]`` mask einsum, kept for the benchmark only.
 Nothing of shape ``[T, E, C]`` is built by the others. Gathers back to token order have a gather as
 their backward (:func:`gather_rows`), not a scatter-add.
@@ -324,16 +325,20 @@ def _expert_devices() -> int:
   return jax.sharding.get_abstract_mesh().shape.get(sharding_lib.EXPERT_AXIS, 1)
 
 
-def resolve_dispatcher_name(name: str, *, eval_name: str | None = None, no_drops: bool = False) -> str:
+def resolve_dispatcher_name(name: str, *, eval_name: str | None = None, no_drops: bool = False,
+                            backend: str | None = None) -> str:
   """The dispatcher a layer uses: ``model.moe.dispatcher`` (``name``), or in evaluation ``eval_name``.
 
   ``name`` "auto": all_to_all when the mesh's ``expert`` axis is > 1, else index. ``eval_name`` "auto":
-  grouped when evaluation drops no token (``no_drops``) and there is no expert axis > 1, else as training.
+  grouped when evaluation drops no token (``no_drops``), there is no expert axis > 1 and the backend
+  (default: JAX's) is the CPU, else as training. On a GPU the grouped dispatcher's block loop ran 6-18x
+  slower than index dispatch at capacity factor 1 and 2 (H100, lm_base and lm_large layer shapes,
+  ``benchmarks/results/gpu/``), so there no-drop evaluation keeps index dispatch.
   """
   experts_split = _expert_devices() > 1
   if eval_name is not None and eval_name != "auto":
     name = eval_name
-  elif eval_name == "auto" and no_drops and not experts_split:
+  elif eval_name == "auto" and no_drops and not experts_split and (backend or jax.default_backend()) == "cpu":
     name = "grouped"
   if name == "auto":
     name = "all_to_all" if experts_split else "index"

@@ -24,8 +24,8 @@ class MoELayer(nn.Module):
   dispatcher (``model.moe.dispatcher``) moves the rows to the experts and back; with "auto" it is
   the all-to-all one when the mesh of the surrounding ``jax.set_mesh`` has an ``expert`` axis > 1.
   Evaluation (``deterministic``) uses ``model.moe.eval_dispatcher``; its "auto" is the grouped
-  dispatcher when no token can be dropped (capacity = group size) and experts are not split over
-  devices, so no-drop evaluation costs about the routed rows, not E times them.
+  dispatcher on the CPU when no token can be dropped (capacity = group size) and experts are not split
+  over devices, so no-drop evaluation costs about the routed rows, not E times them (on a GPU, index).
 
   Attributes:
     moe_config: the ``model.moe`` config (router name and its settings, experts, capacity, groups).

@@ -1,21 +1,18 @@
 """Checks a config for values that cannot work, before anything is built or compiled."""
 from __future__ import annotations
 
+from stablemoe_jax.core.constants import TASK_NAMES
+from stablemoe_jax.core.errors import ConfigError  # noqa: F401  (re-exported: raised by every check)
 from stablemoe_jax.models.distill import DISTILLED_KINDS
 from stablemoe_jax.models.dispatch import DEFAULT_BLOCK_SIZE, DISPATCHER_NAMES, SINGLE_DEVICE_DISPATCHERS
 from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import (ATTENTION_IMPLEMENTATIONS, PLACEMENTS, REMAT_POLICIES,
                                                attention_implementation)
-from stablemoe_jax.tasks import TASK_NAMES
 from stablemoe_jax.train import health as health_lib
 
 DTYPES = ("float32", "bfloat16", "float16")
 DENSE_MATCHES = ("none", "deeper", "wider")
 SCHEDULES = ("linear", "inverse_sqrt")
-
-
-class ConfigError(ValueError):
-  """A config value is unknown or inconsistent; the message names the key and the fix."""
 
 
 def _require(ok: bool, message: str) -> None:
@@ -139,7 +136,9 @@ def _check_translation(config) -> None:
   _require(corpus in ("multi30k_bible", "wmt", "files"),
            f"data.corpus={corpus!r} is unknown; choose multi30k_bible, wmt or files.")
   # Imported here: importing data/ loads the input pipeline.
-  from stablemoe_jax.data import parallel_files, translation, wmt
+  from stablemoe_jax.data.translation import files as parallel_files
+  from stablemoe_jax.data.translation import pipeline as translation
+  from stablemoe_jax.data.translation import wmt
   if corpus == "files":  # a user's own parallel files (configs/mt_files.py)
     _require_parses(parallel_files.check_config, config.data)
   if corpus == "wmt":

@@ -7,7 +7,7 @@ import numpy as np
 from stablemoe_jax.analysis import records as records_lib
 from stablemoe_jax.analysis.report import global_inputs, write_report
 from stablemoe_jax.analysis.routes import analysis_model, make_sample_router, stack_layers
-from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.models.transformer import has_moe_layers
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stablemoe_jax.data import translation as data_lib
-from stablemoe_jax.data import wmt
+from stablemoe_jax.data.translation import pipeline as data_lib
+from stablemoe_jax.data.translation import wmt
 from stablemoe_jax.decoding.bleu_report import bleu_report
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
 from stablemoe_jax.train.losses import label_smoothed_nll, token_nll

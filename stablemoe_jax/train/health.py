@@ -17,18 +17,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from stablemoe_jax.core.constants import HEALTH_DEFAULTS as DEFAULTS
+
 HEALTH_METRICS = ("mean_gate", "low_gate_fraction", "load_balance", "max_load", "dropped_fraction", "load_entropy")
 ON_COLLAPSE = ("warn", "stop")
-# The defaults of the ``health`` config section (configs/default.py must equal them; config_validation checks keys).
-DEFAULTS = {
-    "min_mean_gate": 0.05,
-    "max_low_gate_fraction": 0.5,
-    "min_load_balance": 0.5,
-    "patience": 2,
-    "after_step": -1,  # -1: train.warmup_steps
-    "on_collapse": "warn",
-    "contribution_batches": 20,
-}
 # Routers whose gate is a sigmoid that can fall to 0. Switch's gate is the top softmax probability, >= 1/N by
 # construction (below 0.05 for N > 20 without anything being wrong); Hash's is 1. Their collapse shows in the load.
 GATE_CAN_VANISH = ("stablemoe", "base")

@@ -15,10 +15,9 @@ from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
 
-from stablemoe_jax.data.locate import DataError
-from stablemoe_jax.models.seq2seq import PAD_ID
+from stablemoe_jax.data.common.locate import DataError
+from stablemoe_jax.core.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401  (re-exported)
 
-UNK_ID, BOS_ID, EOS_ID = 1, 2, 3
 MODEL_FILE = "spm.model"
 META_FILE = "tokenizer.json"
 

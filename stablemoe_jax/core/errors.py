@@ -1,0 +1,14 @@
+"""User errors that several layers raise and the command-line entry points print as one line (``cli.py``)."""
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+  """A config value is unknown or inconsistent; the message names the key and the fix."""
+
+
+class DataNotFoundError(FileNotFoundError):
+  """The corpus directory or one of its expected files does not exist."""
+
+
+class DataError(ValueError):
+  """A corpus file or the prepared data cannot be used; the one-line message names the file and the fix."""

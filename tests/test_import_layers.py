@@ -31,7 +31,7 @@ LAYERS = (
      ("core", "parallel", "models", "data.common", "data.lm", "data.translation", "decoding", "train")),
     ("step", ("stablemoe_jax.train.step",), ("core", "parallel", "models", "train", "tasks")),
     ("validation", ("stablemoe_jax.config_validation",),
-     ("core", "models", "data.common", "data.lm", "data.translation", "train", "tasks")),
+     ("core", "models", "data.common", "data.lm", "data.translation", "analysis", "train", "tasks")),
     ("runners", ("stablemoe_jax.train.loop", "stablemoe_jax.plan"),
      ("core", "parallel", "models", "analysis", "train", "tasks", "step", "validation")),
     ("entry", ("stablemoe_jax", "stablemoe_jax.main", "stablemoe_jax.cli", "stablemoe_jax.commands",

@@ -18,6 +18,7 @@ import dataclasses
 import math
 
 from stablemoe_jax.core.constants import HEALTH_DEFAULTS as DEFAULTS
+from stablemoe_jax.core.errors import require
 
 HEALTH_METRICS = ("mean_gate", "low_gate_fraction", "load_balance", "max_load", "dropped_fraction", "load_entropy")
 ON_COLLAPSE = ("warn", "stop")
@@ -173,3 +174,26 @@ def stop_message(collapse: Collapse, last_checkpoint: int | None) -> str:
            if last_checkpoint is not None else "No checkpoint was written yet; rerunning starts from step 0.")
   return (f"{collapse.message()} Training stopped (health.on_collapse='stop'). {saved} Fix the cause, or set "
           f"--config.health.on_collapse=warn to train on regardless.")
+
+
+def check_config(config) -> None:
+  """The ``health`` section (optional: a config without it gets ``train.health.DEFAULTS``)."""
+  section = config.get("health")
+  if section is None:
+    return
+  for key in sorted(section.keys()):
+    require(key in DEFAULTS,
+            f"health.{key} is unknown; the health keys are {sorted(DEFAULTS)} (configs/default.py).")
+  get = lambda key: section.get(key, DEFAULTS[key])
+  for key in ("min_mean_gate", "max_low_gate_fraction", "min_load_balance"):
+    require(0.0 <= get(key) <= 1.0, f"health.{key}={get(key)} must lie in [0, 1]; the default is "
+                                    f"--config.health.{key}={DEFAULTS[key]}.")
+  require(get("patience") >= 1, f"health.patience={get('patience')} must be >= 1 (consecutive log windows of "
+                                f"train.log_every steps before a layer is flagged dead).")
+  train = config.train
+  require(-1 <= get("after_step") < train.steps,
+          f"health.after_step={get('after_step')} must lie in [-1, train.steps={train.steps}) (-1: the end of the "
+          f"warmup, train.warmup_steps); set --config.health.after_step=-1.")
+  require(get("on_collapse") in ON_COLLAPSE,
+          f"health.on_collapse={get('on_collapse')!r} is unknown; choose one of {ON_COLLAPSE} "
+          f"(warn: print once and train on, stop: end the run with an error).")

@@ -1,4 +1,4 @@
-"""Cutting raw text into shards (stablemoe_jax.data.shards): lines, compression, bad and empty input."""
+"""Cutting raw text into shards (stablemoe_jax.data.common.shards): lines, compression, bad and empty input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The paper's WMT setting (configs/mt_wmt.py, data/wmt.py): validated and planned offline; preparing or training
+"""The paper's WMT setting (configs/mt_wmt.py, data/translation/wmt.py): validated and planned offline; preparing or training
 without its TFDS data stops with one line naming the builders; prepared TFDS records (small stand-ins in TFDS's own
 array_record format, with WMT's features) become the translation sets, and a run trains on them."""
 from __future__ import annotations

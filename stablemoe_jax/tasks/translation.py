@@ -1,7 +1,7 @@
 """X->English translation: an encoder-decoder over mixed language pairs, label-smoothed training loss.
 
 Batches: ``source``, ``decoder_inputs``, ``targets`` int32 [B, L] and ``weights`` float32 [B, L]
-(``data/translation.py``). Evaluation's loss is the plain (unsmoothed) NLL of the targets, teacher-forced.
+(``data/translation/pipeline.py``). Evaluation's loss is the plain (unsmoothed) NLL of the targets, teacher-forced.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One sentencepiece model for every source language and English, with language tags as single pieces.
 
-Ids: pad 0 (``models.seq2seq.PAD_ID``), unk 1, bos 2 (starts the decoder input), eos 3 (ends source and
+Ids (``core/constants.py``): pad 0, unk 1, bos 2 (starts the decoder input), eos 3 (ends source and
 target), then the tags ``__de__``, ``__fr__``, ... (user-defined pieces, never split), then the learned pieces.
 Trained deterministically (every sentence, in order, one thread) on the training sources and targets only,
 and saved with the run as ``spm.model`` plus ``tokenizer.json`` (settings and the model's md5).

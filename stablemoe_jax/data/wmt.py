@@ -1,6 +1,9 @@
-"""`python -m stablemoe_jax.data.wmt --tfds_data_dir=DIR [--pairs=fr-en,...]`: builds the paper's WMT pairs' TFDS
-records (needs the network and `pip install tensorflow tensorflow-datasets`); the library is
-``data/translation/wmt.py``.
+"""Builds the paper's WMT pairs (fr, cs, de, fi, lv, et, ro, hi, tr -> en) as TFDS records under --tfds_data_dir.
+
+    python -m stablemoe_jax.data.wmt --tfds_data_dir=DIR [--pairs=fr-en,...]
+
+Needs the network and `pip install tensorflow tensorflow-datasets`; DIR is then copied to ``data.tfds_data_dir``
+of the training machine. What a run reads of them is ``data/translation/wmt.py``.
 """
 from __future__ import annotations
 

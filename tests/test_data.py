@@ -15,15 +15,15 @@ import ml_collections
 import numpy as np
 import pytest
 
-from stablemoe_jax.data.lm import pipeline as data_lib
-from stablemoe_jax.data.lm import blocks
-from stablemoe_jax.data.lm import builder
 from stablemoe_jax.data import download
 from stablemoe_jax.data.common import locate
-from stablemoe_jax.data.lm import pipeline
-from stablemoe_jax.data.lm import stream
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.common import tokenizers
+from stablemoe_jax.data.lm import blocks
+from stablemoe_jax.data.lm import builder
+from stablemoe_jax.data.lm import pipeline
+from stablemoe_jax.data.lm import pipeline as data_lib
+from stablemoe_jax.data.lm import stream
 
 SEQ_LEN = 35
 BATCH = 8

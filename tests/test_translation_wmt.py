@@ -16,12 +16,12 @@ from mt_fixtures import make_tiny_mt_config, multi30k_lines
 
 from configs import mt_wmt
 from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.core.errors import DataError
 from stablemoe_jax.data.prepare import lm as prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
-from stablemoe_jax.data.translation import wmt
 from stablemoe_jax.data.translation import pipeline as data_lib
+from stablemoe_jax.data.translation import wmt
 from stablemoe_jax.data.translation.joint_tokenizer import EOS_ID
-from stablemoe_jax.core.errors import DataError
 
 MAIN = [sys.executable, "-m", "stablemoe_jax.main", "--config", "configs/mt_wmt.py"]
 

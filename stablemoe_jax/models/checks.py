@@ -3,8 +3,8 @@ what ``config_validation.validate_config`` asks of the models package. Raises ``
 from __future__ import annotations
 
 from stablemoe_jax.core.errors import ConfigError, require
-from stablemoe_jax.models.distill import DISTILLED_KINDS
 from stablemoe_jax.models.dispatch import DEFAULT_BLOCK_SIZE, DISPATCHER_NAMES, SINGLE_DEVICE_DISPATCHERS
+from stablemoe_jax.models.distill import DISTILLED_KINDS
 from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import (ATTENTION_IMPLEMENTATIONS, PLACEMENTS, REMAT_POLICIES,
                                                attention_implementation)

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stablemoe_jax.data.lm import batches as pipeline
 from stablemoe_jax.data.common import locate, shards, tokenizers
+from stablemoe_jax.data.lm import batches as pipeline
 from stablemoe_jax.data.lm import prepared
 from stablemoe_jax.data.lm import stream as stream_lib
 

@@ -40,13 +40,13 @@ from typing import Any
 import sentencepiece as spm
 import tqdm
 
-from stablemoe_jax.data.prepare import beam_pipeline
 from stablemoe_jax.data.common import locate
-from stablemoe_jax.data.lm import prepared
-from stablemoe_jax.data.prepare import shard_writer
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.common import tokenizers
+from stablemoe_jax.data.lm import prepared
+from stablemoe_jax.data.prepare import beam_pipeline
+from stablemoe_jax.data.prepare import shard_writer
 from stablemoe_jax.data.lm.prepared import config_value as _get, settings, split_inputs  # noqa: F401  (re-exported)
 
 FORMAT_VERSION = 1

@@ -27,8 +27,8 @@ import numpy as np
 from stablemoe_jax.data.translation import corpora as parallel
 from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID, JointSentencePiece
 from stablemoe_jax.data.translation.pair_records import RecordSet, fitting_pairs  # noqa: F401  (re-exported)
-from stablemoe_jax.data.common.locate import ENV_VAR, DataError, DataNotFoundError
 from stablemoe_jax.core.constants import PAD_ID
+from stablemoe_jax.data.common.locate import ENV_VAR, DataError, DataNotFoundError
 
 MANIFEST = "manifest.json"
 LENGTH_REPORT = "length_report.json"

@@ -49,7 +49,7 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from stablemoe_jax.data.translation import load_translation_data  # noqa: E402
+from stablemoe_jax.data.translation.pipeline import load_translation_data  # noqa: E402
 from stablemoe_jax.decoding.translate_lines import encode_sources, translate_lines  # noqa: E402
 from stablemoe_jax.decoding.translator import decoding_model_config, make_translate_fn  # noqa: E402
 from stablemoe_jax.models.seq2seq import CACHE, PAD_ID, TransformerSeq2Seq  # noqa: E402

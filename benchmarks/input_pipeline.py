@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 
 from benchmarks.json_lines import JsonLines
-from stablemoe_jax.data import grain_reader
+from stablemoe_jax.data.lm import grain_reader
 
 
 def iterator(data, batch: int, seq_len: int, threads: int, prefetch: int, processes: int, seed: int = 0):
@@ -31,7 +31,7 @@ def iterator(data, batch: int, seq_len: int, threads: int, prefetch: int, proces
                                                                                 prefetch_buffer_size=prefetch))
   if not processes:
     return it
-  from stablemoe_jax.data import pipeline
+  from stablemoe_jax.data.lm import pipeline
   ds = pipeline.train_dataset(data.stream('train'), batch, seq_len, seed).to_iter_dataset(
       grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch))
   return iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=processes)))

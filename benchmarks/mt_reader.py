@@ -21,8 +21,9 @@ import time
 import numpy as np
 
 from benchmarks.json_lines import JsonLines
-from stablemoe_jax.data import prepare, prepare_translation
-from stablemoe_jax.data import translation as data_lib
+from stablemoe_jax.data.prepare import lm as prepare
+from stablemoe_jax.data.prepare import translation as prepare_translation
+from stablemoe_jax.data.translation import pipeline as data_lib
 
 
 def _load_config(path: str):

@@ -19,7 +19,7 @@ import time
 import ml_collections
 
 from benchmarks.json_lines import JsonLines
-from stablemoe_jax.data import prepare
+from stablemoe_jax.data.prepare import lm as prepare
 
 
 def data_config(inputs: str, valid: str, test: str, tokenizer: str, vocab: int) -> ml_collections.ConfigDict:

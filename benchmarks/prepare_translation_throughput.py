@@ -18,7 +18,8 @@ import time
 from benchmarks.json_lines import JsonLines
 from benchmarks.prepare_throughput import run_worker_counts
 from configs import mt_cpu
-from stablemoe_jax.data import prepare, prepare_translation
+from stablemoe_jax.data.prepare import lm as prepare
+from stablemoe_jax.data.prepare import translation as prepare_translation
 
 
 def repeated_corpora(source: pathlib.Path, out: pathlib.Path, repeat: int) -> None:

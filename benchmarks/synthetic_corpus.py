@@ -14,7 +14,7 @@ import shutil
 
 import numpy as np
 
-from stablemoe_jax.data import text
+from stablemoe_jax.data.common import text
 
 
 def write(data_dir: pathlib.Path, out: pathlib.Path, parts: int) -> None:

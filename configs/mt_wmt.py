@@ -8,7 +8,7 @@ data: ``--mode=plan`` runs; preparing or training stops with one line naming wha
 """
 from configs import mt_paper
 
-from stablemoe_jax.data import wmt
+from stablemoe_jax.data.translation import wmt
 
 
 def get_config():

@@ -15,8 +15,8 @@ from ml_collections import config_flags
 
 from stablemoe_jax import cli
 from stablemoe_jax import plan as plan_lib
-from stablemoe_jax.analysis import command as analysis_command
-from stablemoe_jax.decoding import command as translate_command
+from stablemoe_jax.commands import analyze as analysis_command
+from stablemoe_jax.commands import translate as translate_command
 from stablemoe_jax.train import loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")

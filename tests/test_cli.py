@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import MAIN, REPO, make_tiny_config, tiny_flags
 
-from stablemoe_jax.data import load_lm_data
+from stablemoe_jax.data.lm.pipeline import load_lm_data
 
 
 def run_main(args, env=None):

@@ -15,8 +15,15 @@ import ml_collections
 import numpy as np
 import pytest
 
-from stablemoe_jax import data as data_lib
-from stablemoe_jax.data import blocks, builder, download, locate, pipeline, stream, text, tokenizers
+from stablemoe_jax.data import download
+from stablemoe_jax.data.common import locate
+from stablemoe_jax.data.common import text
+from stablemoe_jax.data.common import tokenizers
+from stablemoe_jax.data.lm import blocks
+from stablemoe_jax.data.lm import builder
+from stablemoe_jax.data.lm import pipeline
+from stablemoe_jax.data.lm import pipeline as data_lib
+from stablemoe_jax.data.lm import stream
 
 SEQ_LEN = 35
 BATCH = 8
@@ -287,26 +294,26 @@ def test_eval_batches_cover_every_target_once_in_order(ptb, valid_stream_ref):
 def test_missing_data_dir_error_names_the_fix(tmp_path, monkeypatch):
   monkeypatch.delenv(locate.ENV_VAR, raising=False)
   for configured in ('', str(tmp_path / 'nowhere'), str(tmp_path)):
-    with pytest.raises(data_lib.DataNotFoundError) as err:
-      data_lib.resolve_data_dir(configured)
+    with pytest.raises(locate.DataNotFoundError) as err:
+      locate.resolve_data_dir(configured)
     message = str(err.value)
     assert 'ptb/ptb.train.txt' in message and 'ptb/ptb.test.txt' in message
     assert '--config.data.data_dir' in message and locate.ENV_VAR in message
     assert 'python -m stablemoe_jax.data.download --dest' in message
-  assert issubclass(data_lib.DataNotFoundError, FileNotFoundError)
-  with pytest.raises(data_lib.DataNotFoundError):
+  assert issubclass(locate.DataNotFoundError, FileNotFoundError)
+  with pytest.raises(locate.DataNotFoundError):
     data_lib.load_lm_data(_data_config(tmp_path / 'nowhere'), tmp_path / 'prep')
 
 
 def test_data_dir_from_env_and_both_ptb_layouts(shared_data, ptb_files, tmp_path, monkeypatch):
   monkeypatch.setenv(locate.ENV_VAR, str(shared_data))
-  assert data_lib.resolve_data_dir('') == shared_data
+  assert locate.resolve_data_dir('') == shared_data
   flat = tmp_path / 'flat'
   flat.mkdir()
   for split, path in ptb_files.items():
     (flat / path.name).symlink_to(path)
-  assert data_lib.corpus_files(flat, 'ptb') == {s: flat / f'ptb.{s}.txt' for s in locate.SPLITS}
-  assert data_lib.resolve_data_dir(str(flat)) == flat
+  assert locate.corpus_files(flat, 'ptb') == {s: flat / f'ptb.{s}.txt' for s in locate.SPLITS}
+  assert locate.resolve_data_dir(str(flat)) == flat
 
 
 def test_unknown_config_values_raise(shared_data, tmp_path):
@@ -405,7 +412,7 @@ def test_prepared_data_serves_a_run_without_the_raw_corpus(ptb, prepared_dir, va
     assert lm.tokenizer.fingerprint() == ptb.tokenizer.fingerprint() and lm.vocab_size == 10000
     np.testing.assert_array_equal(_eval_targets(lm, 'valid'), valid_stream_ref[1:])
   assert len(lm.sources['train']) == len(ptb.sources['train'])  # same records (lines) in the train split
-  with pytest.raises(data_lib.DataNotFoundError):  # Nothing prepared there: the raw corpus is needed.
+  with pytest.raises(locate.DataNotFoundError):  # Nothing prepared there: the raw corpus is needed.
     data_lib.load_lm_data(_data_config(''), tmp_path / 'empty')
 
 
@@ -413,7 +420,7 @@ def test_prepared_data_of_another_config_is_refused(ptb, prepared_dir, tmp_path,
   monkeypatch.delenv(locate.ENV_VAR, raising=False)
   for config, named in ((_data_config('', tokenizer='sentencepiece'), "data.tokenizer='sentencepiece'"),
                         (_data_config('', corpus='text'), "data.corpus='text'")):
-    with pytest.raises(data_lib.DataError, match='does not match this config') as err:
+    with pytest.raises(locate.DataError, match='does not match this config') as err:
       data_lib.load_lm_data(config, prepared_dir)
     assert named in str(err.value) and '--config.data.data_dir' in str(err.value)
   # A tokenizer that is not the one the records were written with (two words swapped).
@@ -422,7 +429,7 @@ def test_prepared_data_of_another_config_is_refused(ptb, prepared_dir, tmp_path,
   vocab = (copy / 'tokenizer' / 'vocab.txt').read_text().splitlines()
   vocab[1], vocab[2] = vocab[2], vocab[1]
   (copy / 'tokenizer' / 'vocab.txt').write_text(''.join(w + '\n' for w in vocab))
-  with pytest.raises(data_lib.DataError, match='not the one the records .* were encoded with'):
+  with pytest.raises(locate.DataError, match='not the one the records .* were encoded with'):
     data_lib.load_lm_data(_data_config(''), copy)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mt_fixtures import tiny_model_config
 
-from stablemoe_jax.data.joint_tokenizer import BOS_ID, EOS_ID
+from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID
 from stablemoe_jax.decoding import search
 from stablemoe_jax.decoding.translator import FORBIDDEN_IDS, make_translate_fn
 from stablemoe_jax.models.seq2seq import PAD_ID, TransformerSeq2Seq

@@ -5,8 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-from stablemoe_jax.data import blocks, pipeline
-from stablemoe_jax.data.stream import TokenStream
+from stablemoe_jax.data.lm import blocks
+from stablemoe_jax.data.lm import pipeline
+from stablemoe_jax.data.lm.stream import TokenStream
 from stablemoe_jax.train import loop
 from stablemoe_jax.train.step import token_nll
 

@@ -12,8 +12,12 @@ from mt_fixtures import make_tiny_mt_config, multi30k_lines
 
 from configs import mt_files
 from stablemoe_jax.config_validation import ConfigError, validate_config
-from stablemoe_jax.data import parallel, prepare, prepare_translation, shards, text
-from stablemoe_jax.data import translation as data_lib
+from stablemoe_jax.data.common import shards
+from stablemoe_jax.data.common import text
+from stablemoe_jax.data.prepare import lm as prepare
+from stablemoe_jax.data.prepare import translation as prepare_translation
+from stablemoe_jax.data.translation import corpora as parallel
+from stablemoe_jax.data.translation import pipeline as data_lib
 
 OPTIONS = prepare.Options(shard_pairs=150, batch_lines=64, workers=0, progress=False)
 TRAIN_LINES = 240  # per training file; de-en has two, fr-en one (gzip)

@@ -16,7 +16,7 @@ import time
 import pytest
 from conftest import MAIN, REPO, make_tiny_config, tiny_flags
 
-from stablemoe_jax.data import load_lm_data
+from stablemoe_jax.data.lm.pipeline import load_lm_data
 
 HEARTBEAT_S = 5
 # 4 routing groups: a multiple of the device count of every layout used here (2 x 1 and 2 x 2).

@@ -22,7 +22,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from stablemoe_jax.data import grain_reader, prepare, prepared, text, tokenizers
+from stablemoe_jax.data.common import text
+from stablemoe_jax.data.common import tokenizers
+from stablemoe_jax.data.lm import grain_reader
+from stablemoe_jax.data.lm import prepared
+from stablemoe_jax.data.prepare import lm as prepare
 
 from conftest import REPO
 

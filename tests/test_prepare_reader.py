@@ -10,7 +10,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from stablemoe_jax.data import grain_reader, pipeline, prepare
+from stablemoe_jax.data.lm import grain_reader
+from stablemoe_jax.data.lm import pipeline
+from stablemoe_jax.data.prepare import lm as prepare
 
 from conftest import make_tiny_config
 

@@ -1,4 +1,4 @@
-"""Cutting raw text into shards (stablemoe_jax.data.shards): lines, compression, bad and empty input."""
+"""Cutting raw text into shards (stablemoe_jax.data.common.shards): lines, compression, bad and empty input."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import gzip
 
 import pytest
 
-from stablemoe_jax.data import shards, text
+from stablemoe_jax.data.common import shards
+from stablemoe_jax.data.common import text
 
 MESSY = ('\ufefffirst line\r\n\r\n  second  line \nthird\rfourth\r\n' + ''.join(f'line {i} ' + 'x' * (i % 13) + '\n'
                                                                            for i in range(300)) + 'last, no newline')

@@ -7,8 +7,12 @@ import numpy as np
 import pytest
 from mt_fixtures import make_tiny_mt_config, write_small_corpora
 
-from stablemoe_jax.data import pair_records, parallel, prepare, prepare_translation, shard_writer, shards
-from stablemoe_jax.data import translation as data_lib
+from stablemoe_jax.data.common import shards
+from stablemoe_jax.data.prepare import lm as prepare
+from stablemoe_jax.data.prepare import translation as prepare_translation
+from stablemoe_jax.data.translation import corpora as parallel
+from stablemoe_jax.data.translation import pair_records
+from stablemoe_jax.data.translation import pipeline as data_lib
 
 
 @pytest.fixture(scope="module")

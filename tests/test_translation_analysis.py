@@ -11,7 +11,7 @@ import pytest
 from mt_fixtures import copy_shared_run
 
 from stablemoe_jax.analysis import fluctuation, records
-from stablemoe_jax.analysis.command import analyze_checkpoint
+from stablemoe_jax.commands.analyze import analyze_checkpoint
 from stablemoe_jax.models.seq2seq import PAD_ID
 from stablemoe_jax.train import loop
 

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from mt_fixtures import make_tiny_mt_config, write_small_corpora
 
-from stablemoe_jax.data import DataNotFoundError
-from stablemoe_jax.data import parallel
-from stablemoe_jax.data import translation as data_lib
-from stablemoe_jax.data.joint_tokenizer import BOS_ID, EOS_ID, UNK_ID
+from stablemoe_jax.core.errors import DataNotFoundError
+from stablemoe_jax.data.translation import corpora as parallel
+from stablemoe_jax.data.translation import pipeline as data_lib
+from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID, UNK_ID
 from stablemoe_jax.models.seq2seq import PAD_ID
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stablemoe_jax.data.joint_tokenizer import BOS_ID, EOS_ID, JointSentencePiece
-from stablemoe_jax.data.locate import DataError
+from stablemoe_jax.commands.translate import read_lines
+from stablemoe_jax.core.errors import DataError
+from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID, JointSentencePiece
 from stablemoe_jax.decoding import bleu
-from stablemoe_jax.decoding.command import read_lines
 from stablemoe_jax.decoding.translate_lines import translate_lines
 from stablemoe_jax.models.seq2seq import PAD_ID
 

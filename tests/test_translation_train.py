@@ -6,7 +6,7 @@ import json
 import pytest
 from mt_fixtures import make_tiny_mt_config, write_small_corpora
 
-from stablemoe_jax.decoding import command as translate_command
+from stablemoe_jax.commands import translate as translate_command
 from stablemoe_jax.train import loop
 
 

@@ -1,4 +1,4 @@
-"""The paper's WMT setting (configs/mt_wmt.py, data/wmt.py): validated and planned offline; preparing or training
+"""The paper's WMT setting (configs/mt_wmt.py, data/translation/wmt.py): validated and planned offline; preparing or training
 without its TFDS data stops with one line naming the builders; prepared TFDS records (small stand-ins in TFDS's own
 array_record format, with WMT's features) become the translation sets, and a run trains on them."""
 from __future__ import annotations
@@ -16,10 +16,12 @@ from mt_fixtures import make_tiny_mt_config, multi30k_lines
 
 from configs import mt_wmt
 from stablemoe_jax.config_validation import ConfigError, validate_config
-from stablemoe_jax.data import prepare, prepare_translation, wmt
-from stablemoe_jax.data import translation as data_lib
-from stablemoe_jax.data.joint_tokenizer import EOS_ID
-from stablemoe_jax.data.locate import DataError
+from stablemoe_jax.core.errors import DataError
+from stablemoe_jax.data.prepare import lm as prepare
+from stablemoe_jax.data.prepare import translation as prepare_translation
+from stablemoe_jax.data.translation import pipeline as data_lib
+from stablemoe_jax.data.translation import wmt
+from stablemoe_jax.data.translation.joint_tokenizer import EOS_ID
 
 MAIN = [sys.executable, "-m", "stablemoe_jax.main", "--config", "configs/mt_wmt.py"]
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablemoe_jax.analysis.routes import sorted_layers
-from stablemoe_jax.train.health import DEFAULTS as HEALTH_DEFAULTS
+from stablemoe_jax.core.constants import HEALTH_DEFAULTS
 
 ZEROED = ("w_out", "b_out")  # the expert parameters that make every residual sublayer the identity
 

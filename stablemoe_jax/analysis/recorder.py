@@ -7,7 +7,7 @@ import numpy as np
 from stablemoe_jax.analysis import records as records_lib
 from stablemoe_jax.analysis.report import global_inputs, write_report
 from stablemoe_jax.analysis.routes import analysis_model, make_sample_router, stack_layers
-from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.core.errors import ConfigError, require
 from stablemoe_jax.models.transformer import has_moe_layers
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
@@ -84,3 +84,13 @@ class RoutingRecorder:
     if not (has_moe_layers(cfg.model) and cfg.analysis.report_at_end):
       return None
     return write_report(self._exp, state.params, "valid", step)
+
+
+def check_config(config) -> None:
+  """The ``analysis`` section (routing records and their report)."""
+  analysis, train = config.analysis, config.train
+  require(analysis.record_every >= 0, f"analysis.record_every={analysis.record_every} must be >= 0 (0: no records).")
+  require(analysis.sample_tokens >= train.seq_len,
+          f"analysis.sample_tokens={analysis.sample_tokens} must be at least train.seq_len={train.seq_len} "
+          f"(the sample is whole rows of train.seq_len tokens); raise --config.analysis.sample_tokens.")
+  require(analysis.top_tokens > 0, f"analysis.top_tokens={analysis.top_tokens} must be positive.")

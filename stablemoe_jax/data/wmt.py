@@ -1,197 +1,40 @@
-"""The paper's WMT setting (fr, cs, de, fi, lv, et, ro, hi, tr -> en) over the public TFDS WMT builders.
-
-``config.data.corpus = "wmt"`` (``configs/mt_wmt.py``) names the pairs; each comes from one TFDS builder
-(the WMT year of Wang et al. 2020's multilingual setting, which StableMoE follows). TFDS downloads them from
-statmt.org and other hosts, so they are prepared where the network is,
+"""Builds the paper's WMT pairs (fr, cs, de, fi, lv, et, ro, hi, tr -> en) as TFDS records under --tfds_data_dir.
 
     python -m stablemoe_jax.data.wmt --tfds_data_dir=DIR [--pairs=fr-en,...]
 
-and DIR is then copied to ``data.tfds_data_dir`` of the training machine. Offline, the config is validated and
-``--mode=plan`` runs; a run whose TFDS data is not there stops with one line naming the builders to prepare.
-
-``prepare --config configs/mt_wmt.py`` then reads the prepared records (``file_pairs``): each pair's TFDS splits
-(train, validation -> valid, test and any other split under its own name, as a test set) are written once as
-line-aligned ``raw/PAIR.SET.{src,ref}`` files, and from there they take the path of every other corpus (joint
-sentencepiece, pair shards, manifest). Records are read with ``as_data_source`` (array_record), so TensorFlow is
-not needed to train; ``prepare`` below writes that format.
+Needs the network and `pip install tensorflow tensorflow-datasets`; DIR is then copied to ``data.tfds_data_dir``
+of the training machine. What a run reads of them is ``data/translation/wmt.py``.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import pathlib
 import sys
-from typing import Any, Iterator
 
-from stablemoe_jax.data.locate import DataError, DataNotFoundError
-from stablemoe_jax.data.parallel_files import FilePairs
-
-# pair -> (TFDS builder, its config, the version this codebase was written against)
-WMT_BUILDERS = {
-    "fr-en": ("wmt15_translate", "fr-en", "1.0.0"),
-    "cs-en": ("wmt19_translate", "cs-en", "1.0.0"),
-    "de-en": ("wmt19_translate", "de-en", "1.0.0"),
-    "fi-en": ("wmt19_translate", "fi-en", "1.0.0"),
-    "lv-en": ("wmt17_translate", "lv-en", "1.0.0"),
-    "et-en": ("wmt18_translate", "et-en", "1.0.0"),
-    "ro-en": ("wmt16_translate", "ro-en", "1.0.0"),
-    "hi-en": ("wmt14_translate", "hi-en", "1.0.0"),
-    "tr-en": ("wmt18_translate", "tr-en", "1.0.0"),
-}
-PAPER_PAIRS = ",".join(WMT_BUILDERS)
+from stablemoe_jax.data.translation import wmt
 
 
-def parse_wmt_pairs(text: str) -> list[str]:
-  """``"fr-en,de-en"`` -> the pairs; a pair without a WMT builder here is a ValueError naming the known ones."""
-  pairs = [p.strip() for p in str(text).split(",") if p.strip()]
-  unknown = [p for p in pairs if p not in WMT_BUILDERS]
-  if not pairs or unknown:
-    raise ValueError(f"data.pairs={text!r}: {'no pair' if not pairs else 'unknown WMT pair(s) ' + ', '.join(unknown)}; "
-                     f"choose from {PAPER_PAIRS}.")
-  return pairs
-
-
-def builder_name(pair: str) -> str:
-  """``"fr-en"`` -> ``"wmt15_translate/fr-en:1.0.0"`` (the name ``tfds.builder`` and ``tfds build`` take)."""
-  builder, config, version = WMT_BUILDERS[pair]
-  return f"{builder}/{config}:{version}"
-
-
-def prepared_path(tfds_data_dir: pathlib.Path, pair: str) -> pathlib.Path:
-  """Where TFDS keeps a prepared builder: ``DIR/<builder>/<config>/<version>``."""
-  builder, config, version = WMT_BUILDERS[pair]
-  return pathlib.Path(tfds_data_dir) / builder / config / version
-
-
-def missing_pairs(data_config: Any) -> list[str]:
-  """The configured pairs whose TFDS data is not prepared under ``data.tfds_data_dir``."""
-  root = data_config.get("tfds_data_dir", "")
-  pairs = parse_wmt_pairs(data_config.pairs)
-  if not root:
-    return pairs
-  return [p for p in pairs if not (prepared_path(root, p) / "dataset_info.json").is_file()]
-
-
-def require_prepared(data_config: Any) -> None:
-  """Raises DataNotFoundError (one line: what to prepare where the network is) unless every pair is prepared."""
-  missing = missing_pairs(data_config)
-  if missing:
-    root = data_config.get("tfds_data_dir", "") or "<unset: --config.data.tfds_data_dir>"
-    raise DataNotFoundError(
-        f"WMT data not prepared under data.tfds_data_dir={root}: on a machine with network run "
-        f"`python -m stablemoe_jax.data.wmt --tfds_data_dir=DIR --pairs={','.join(missing)}` (TFDS builders "
-        f"{', '.join(builder_name(p) for p in missing)}), copy DIR here and set --config.data.tfds_data_dir=DIR.")
-
-
-SET_NAMES = {"train": "train", "validation": "valid"}  # TFDS split -> set; any other split is a test set
-READ_BATCH = 4096  # records a batched array_record read
-
-
-def _open(tfds_data_dir: pathlib.Path, pair: str):
-  """The prepared TFDS builder of ``pair``; a DataError names the fix unless it is array_record."""
-  import tensorflow_datasets as tfds
-  path = prepared_path(tfds_data_dir, pair)
-  builder = tfds.builder_from_directory(str(path))
-  file_format = getattr(builder.info.file_format, "value", builder.info.file_format)
-  if file_format != "array_record":
-    raise DataError(f"{path} was prepared as {file_format}, which needs TensorFlow to read; prepare it again as "
-                    f"array_record: `python -m stablemoe_jax.data.wmt --tfds_data_dir=DIR --pairs={pair}`.")
-  return builder
-
-
-def iter_split(builder, split: str, source_language: str, target_language: str) -> Iterator[tuple[str, str]]:
-  """(source, target) sentences of one TFDS split in record order; a newline inside a sentence becomes a space
-  (the exported files hold one sentence a line)."""
-  records = builder.as_data_source(split)
-  clean = lambda text: (text.decode("utf-8") if isinstance(text, bytes) else str(text)).replace("\n", " ")
-  for start in range(0, len(records), READ_BATCH):
-    for record in records.__getitems__(range(start, min(start + READ_BATCH, len(records)))):
-      yield clean(record[source_language]), clean(record[target_language])
-
-
-def _identity(builder, split: str) -> dict:
-  """What an exported split was made from: the builder's dataset_info.json and the split's size."""
-  info = pathlib.Path(builder.data_dir) / "dataset_info.json"
-  return {"builder": builder.info.full_name, "split": split, "examples": builder.info.splits[split].num_examples,
-          "dataset_info_sha256": hashlib.sha256(info.read_bytes()).hexdigest()}
-
-
-def export_split(builder, split: str, pair: str, paths: tuple[pathlib.Path, pathlib.Path]) -> None:
-  """Writes the split's sentences to ``paths`` (source, target), unless they already hold this very split
-  (a ``.tfds.json`` beside them records what they were made from): unchanged files keep their mtimes, which the
-  shards' fingerprint reads."""
-  marker = paths[0].with_suffix(".tfds.json")
-  identity = _identity(builder, split)
-  if all(p.is_file() for p in paths) and marker.is_file() and json.loads(marker.read_text()) == identity:
-    return
-  import tqdm
-  source_language, target_language = pair.split("-")
-  temporary = [p.with_name(p.name + ".tmp") for p in paths]
-  with temporary[0].open("w", encoding="utf-8", newline="\n") as src, \
-       temporary[1].open("w", encoding="utf-8", newline="\n") as ref:
-    for source, target in tqdm.tqdm(iter_split(builder, split, source_language, target_language),
-                                    total=identity["examples"], desc=f"{pair} {split}", mininterval=5.0):
-      src.write(source + "\n")
-      ref.write(target + "\n")
-  for tmp, path in zip(temporary, paths):
-    tmp.replace(path)
-  marker.write_text(json.dumps(identity) + "\n")
-
-
-def file_pairs(data_config: Any, directory: pathlib.Path) -> FilePairs:
-  """{(pair, set name): [(source file, target file)]}: each pair's TFDS splits exported under ``directory/raw``.
-
-  Raises:
-    DataNotFoundError: a pair's TFDS data is not under ``data.tfds_data_dir`` (``require_prepared``).
-    DataError: a pair was prepared in a format other than array_record.
-  """
-  require_prepared(data_config)
-  raw = pathlib.Path(directory) / "raw"
-  raw.mkdir(parents=True, exist_ok=True)
-  out = {}
-  for pair in parse_wmt_pairs(data_config.pairs):
-    builder = _open(pathlib.Path(data_config.tfds_data_dir), pair)
-    if "train" not in builder.info.splits:
-      raise DataError(f"{builder.data_dir} has no train split "
-                      f"(splits: {', '.join(builder.info.splits)}); prepare {builder_name(pair)} again.")
-    for split in builder.info.splits:
-      name = SET_NAMES.get(split, split)
-      paths = raw / f"{pair}.{name}.src", raw / f"{pair}.{name}.ref"
-      export_split(builder, split, pair, paths)
-      out[pair, name] = [paths]
-  return out
-
-
-def settings(data_config: Any) -> dict:
-  """What the prepared data depends on (the manifest's and the tokenizer's ``settings``); where the TFDS data
-  lies is not part of it (the exported files' identity is, through the shards' fingerprint)."""
-  return {"corpus": "wmt", "pairs": parse_wmt_pairs(data_config.pairs),
-          "sentencepiece_vocab_size": int(data_config.sentencepiece_vocab_size)}
-
-
-def prepare(tfds_data_dir: str, pairs: str = PAPER_PAIRS) -> None:
+def prepare(tfds_data_dir: str, pairs: str = wmt.PAPER_PAIRS) -> None:
   """Downloads and prepares each pair's TFDS builder under ``tfds_data_dir`` (needs the network), as array_record
   (readable without TensorFlow)."""
   import tensorflow_datasets as tfds
-  for pair in parse_wmt_pairs(pairs):
-    print(f"preparing {builder_name(pair)} under {tfds_data_dir}", flush=True)
-    tfds.builder(builder_name(pair), data_dir=tfds_data_dir, file_format="array_record").download_and_prepare()
+  for pair in wmt.parse_wmt_pairs(pairs):
+    print(f"preparing {wmt.builder_name(pair)} under {tfds_data_dir}", flush=True)
+    tfds.builder(wmt.builder_name(pair), data_dir=tfds_data_dir, file_format="array_record").download_and_prepare()
 
 
 def main(argv: list[str]) -> int:
   import argparse
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--tfds_data_dir", required=True)
-  parser.add_argument("--pairs", default=PAPER_PAIRS)
+  parser.add_argument("--pairs", default=wmt.PAPER_PAIRS)
   args = parser.parse_args(argv)
   try:
-    parse_wmt_pairs(args.pairs)
+    wmt.parse_wmt_pairs(args.pairs)
     prepare(args.tfds_data_dir, args.pairs)
   except Exception as error:  # pylint: disable=broad-except
     # TFDS fails deep in its registry (WMT builders need tensorflow installed) or its download manager (offline).
     first = str(error).splitlines()[0][:200] if str(error) else ""
     print(f"error: preparing WMT failed ({type(error).__name__}: {first}); the TFDS builders "
-          f"{', '.join(builder_name(p) for p in WMT_BUILDERS)} need `pip install tensorflow tensorflow-datasets` "
+          f"{', '.join(wmt.builder_name(p) for p in wmt.WMT_BUILDERS)} need `pip install tensorflow tensorflow-datasets` "
           f"and the network (statmt.org and other hosts).", file=sys.stderr)
     return 2
   return 0

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import tqdm
 
-from stablemoe_jax.data.joint_tokenizer import EOS_ID, JointSentencePiece
+from stablemoe_jax.data.translation.joint_tokenizer import EOS_ID, JointSentencePiece
 from stablemoe_jax.models.seq2seq import PAD_ID
 
 # Source batches are padded to a multiple of this many positions: a few shapes (compiles), little padding.

@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from stablemoe_jax.data.joint_tokenizer import BOS_ID, EOS_ID
+from stablemoe_jax.core.constants import BOS_ID, EOS_ID
 from stablemoe_jax.decoding import search
 from stablemoe_jax.models.seq2seq import CACHE, PAD_ID, TransformerSeq2Seq
 

@@ -19,11 +19,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from stablemoe_jax.core.constants import PAD_ID  # noqa: F401  (the pad id; re-exported)
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.moe import MoELayer
 from stablemoe_jax.models.transformer import dense_match_plan, moe_positions, tied_logits
 
-PAD_ID = 0  # the tokenizer's pad id: source positions with it are masked, target positions with it unscored
 CACHE = "cache"  # the Flax collection of the decoder self-attention's keys and values
 
 

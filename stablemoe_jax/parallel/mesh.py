@@ -13,7 +13,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.parallel import sharding as sharding_lib
 
 

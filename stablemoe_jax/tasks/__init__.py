@@ -4,12 +4,7 @@ See ``tasks/base.py`` for the interface the loop, steps and state use.
 """
 from __future__ import annotations
 
-TASK_NAMES = ("lm", "translation")
-
-
-def task_name(config) -> str:
-  """``config.task``; configs written before the key existed are language models."""
-  return config.get("task", "lm")
+from stablemoe_jax.core.constants import TASK_NAMES, task_name  # noqa: F401  (re-exported)
 
 
 def make_task(config):

@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stablemoe_jax import data as data_lib
-from stablemoe_jax.config_validation import ConfigError
-from stablemoe_jax.data.token_counts import split_token_counts
+from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.data.lm import pipeline as data_lib
+from stablemoe_jax.data.lm.token_counts import split_token_counts
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.train.losses import token_nll
 

@@ -1,7 +1,7 @@
 """X->English translation: an encoder-decoder over mixed language pairs, label-smoothed training loss.
 
 Batches: ``source``, ``decoder_inputs``, ``targets`` int32 [B, L] and ``weights`` float32 [B, L]
-(``data/translation.py``). Evaluation's loss is the plain (unsmoothed) NLL of the targets, teacher-forced.
+(``data/translation/pipeline.py``). Evaluation's loss is the plain (unsmoothed) NLL of the targets, teacher-forced.
 """
 from __future__ import annotations
 
@@ -12,11 +12,47 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stablemoe_jax.data import translation as data_lib
-from stablemoe_jax.data import wmt
+from stablemoe_jax.core.errors import require, require_parses
+from stablemoe_jax.data.translation import files as parallel_files
+from stablemoe_jax.data.translation import pipeline as data_lib
+from stablemoe_jax.data.translation import wmt
 from stablemoe_jax.decoding.bleu_report import bleu_report
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
 from stablemoe_jax.train.losses import label_smoothed_nll, token_nll
+from stablemoe_jax.train.schedules import SCHEDULES
+
+
+def check_config(config) -> None:
+  """The config sections as translation reads them, beyond the shared checks (``config_validation``)."""
+  train, moe = config.train, config.model.moe
+  corpus = config.data.get("corpus", "multi30k_bible")
+  require(corpus in ("multi30k_bible", "wmt", "files"),
+          f"data.corpus={corpus!r} is unknown; choose multi30k_bible, wmt or files.")
+  if corpus == "files":  # a user's own parallel files (configs/mt_files.py)
+    require_parses(parallel_files.check_config, config.data)
+  if corpus == "wmt":
+    require_parses(wmt.parse_wmt_pairs, config.data.pairs)
+  require(config.data.get("sampling_temperature", 1.0) > 0,
+          f"data.sampling_temperature={config.data.get('sampling_temperature')} must be > 0 (1: proportional).")
+  require_parses(data_lib.length_buckets, config.data.get("length_buckets", 1), train.seq_len)
+  require(0.0 <= train.get("label_smoothing", 0.0) < 1.0,
+          f"train.label_smoothing={train.get('label_smoothing')} must lie in [0, 1).")
+  require(config.eval.get("max_sentences", 0) >= 0,
+          f"eval.max_sentences={config.eval.get('max_sentences')} must be >= 0 (0: every sentence).")
+  decode = config.get("decode")
+  if decode is not None:
+    require(decode.beam_size >= 1, f"decode.beam_size={decode.beam_size} must be >= 1 (1: greedy search).")
+    require(0 <= decode.max_len <= config.model.max_len,
+            f"decode.max_len={decode.max_len} must lie in [0, model.max_len={config.model.max_len}] "
+            f"(0: model.max_len).")
+    require(decode.batch_size > 0, f"decode.batch_size={decode.batch_size} must be positive.")
+    require(decode.length_penalty >= 0, f"decode.length_penalty={decode.length_penalty} must be >= 0.")
+  require(train.get("schedule", "linear") in SCHEDULES,
+          f"train.schedule={train.get('schedule')!r} is unknown; choose one of {SCHEDULES}.")
+  # A decode step sees one position; only a router of the token id alone routes it as the whole sequence did.
+  require(moe.get("distilled_router") is None or moe.distilled_router.kind == "embedding",
+          f"model.moe.distilled_router.kind={moe.distilled_router.kind!r}: translation decodes one position at "
+          f"a time, so its distilled router must be 'embedding' (the token id alone).")
 
 
 class TranslationTask:

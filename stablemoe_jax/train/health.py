@@ -17,18 +17,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from stablemoe_jax.core.constants import HEALTH_DEFAULTS as DEFAULTS
+from stablemoe_jax.core.errors import require
+
 HEALTH_METRICS = ("mean_gate", "low_gate_fraction", "load_balance", "max_load", "dropped_fraction", "load_entropy")
 ON_COLLAPSE = ("warn", "stop")
-# The defaults of the ``health`` config section (configs/default.py must equal them; config_validation checks keys).
-DEFAULTS = {
-    "min_mean_gate": 0.05,
-    "max_low_gate_fraction": 0.5,
-    "min_load_balance": 0.5,
-    "patience": 2,
-    "after_step": -1,  # -1: train.warmup_steps
-    "on_collapse": "warn",
-    "contribution_batches": 20,
-}
 # Routers whose gate is a sigmoid that can fall to 0. Switch's gate is the top softmax probability, >= 1/N by
 # construction (below 0.05 for N > 20 without anything being wrong); Hash's is 1. Their collapse shows in the load.
 GATE_CAN_VANISH = ("stablemoe", "base")
@@ -181,3 +174,26 @@ def stop_message(collapse: Collapse, last_checkpoint: int | None) -> str:
            if last_checkpoint is not None else "No checkpoint was written yet; rerunning starts from step 0.")
   return (f"{collapse.message()} Training stopped (health.on_collapse='stop'). {saved} Fix the cause, or set "
           f"--config.health.on_collapse=warn to train on regardless.")
+
+
+def check_config(config) -> None:
+  """The ``health`` section (optional: a config without it gets ``train.health.DEFAULTS``)."""
+  section = config.get("health")
+  if section is None:
+    return
+  for key in sorted(section.keys()):
+    require(key in DEFAULTS,
+            f"health.{key} is unknown; the health keys are {sorted(DEFAULTS)} (configs/default.py).")
+  get = lambda key: section.get(key, DEFAULTS[key])
+  for key in ("min_mean_gate", "max_low_gate_fraction", "min_load_balance"):
+    require(0.0 <= get(key) <= 1.0, f"health.{key}={get(key)} must lie in [0, 1]; the default is "
+                                    f"--config.health.{key}={DEFAULTS[key]}.")
+  require(get("patience") >= 1, f"health.patience={get('patience')} must be >= 1 (consecutive log windows of "
+                                f"train.log_every steps before a layer is flagged dead).")
+  train = config.train
+  require(-1 <= get("after_step") < train.steps,
+          f"health.after_step={get('after_step')} must lie in [-1, train.steps={train.steps}) (-1: the end of the "
+          f"warmup, train.warmup_steps); set --config.health.after_step=-1.")
+  require(get("on_collapse") in ON_COLLAPSE,
+          f"health.on_collapse={get('on_collapse')!r} is unknown; choose one of {ON_COLLAPSE} "
+          f"(warn: print once and train on, stop: end the run with an error).")

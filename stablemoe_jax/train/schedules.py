@@ -4,6 +4,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import optax
 
+SCHEDULES = ("linear", "inverse_sqrt")  # train.schedule
+
 
 def inverse_sqrt_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
   """fairseq's ``inverse_sqrt``: linear warmup from 0 to ``peak``, then ``peak * sqrt(warmup / step)``."""

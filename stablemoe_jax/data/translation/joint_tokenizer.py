@@ -1,6 +1,6 @@
 """One sentencepiece model for every source language and English, with language tags as single pieces.
 
-Ids: pad 0 (``models.seq2seq.PAD_ID``), unk 1, bos 2 (starts the decoder input), eos 3 (ends source and
+Ids (``core/constants.py``): pad 0, unk 1, bos 2 (starts the decoder input), eos 3 (ends source and
 target), then the tags ``__de__``, ``__fr__``, ... (user-defined pieces, never split), then the learned pieces.
 Trained deterministically (every sentence, in order, one thread) on the training sources and targets only,
 and saved with the run as ``spm.model`` plus ``tokenizer.json`` (settings and the model's md5).
@@ -15,10 +15,9 @@ from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
 
-from stablemoe_jax.data.locate import DataError
-from stablemoe_jax.models.seq2seq import PAD_ID
+from stablemoe_jax.data.common.locate import DataError
+from stablemoe_jax.core.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401  (re-exported)
 
-UNK_ID, BOS_ID, EOS_ID = 1, 2, 3
 MODEL_FILE = "spm.model"
 META_FILE = "tokenizer.json"
 

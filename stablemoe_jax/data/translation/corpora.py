@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from stablemoe_jax.data import text
-from stablemoe_jax.data.locate import DataNotFoundError
+from stablemoe_jax.data.common import text
+from stablemoe_jax.data.common.locate import DataNotFoundError
 
 MULTI30K_LANGUAGES = ("de", "fr", "cs")
 MULTI30K_TESTS = {"de": ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr"),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stablemoe_jax.data.pipeline import LMData
+from stablemoe_jax.data.lm.pipeline import LMData
 
 
 def split_token_counts(data: LMData, vocab_size: int, split: str = "train") -> np.ndarray:

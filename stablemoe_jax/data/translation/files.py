@@ -23,7 +23,7 @@ import pathlib
 import re
 from typing import Any
 
-from stablemoe_jax.data import shards
+from stablemoe_jax.data.common import shards
 
 SPLITS = {"train": "train_files", "valid": "valid_files", "test": "test_files"}  # set name -> config key
 _CODE = r"[A-Za-z][A-Za-z0-9_]*"

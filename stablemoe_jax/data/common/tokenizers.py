@@ -35,8 +35,8 @@ from typing import Protocol, runtime_checkable
 
 import sentencepiece as spm
 
-from stablemoe_jax.data import text
-from stablemoe_jax.data.locate import DataError
+from stablemoe_jax.data.common import text
+from stablemoe_jax.data.common.locate import DataError
 
 EOS = '<eos>'
 UNK = '<unk>'

@@ -35,8 +35,8 @@ import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.core import utils as tfds_utils
 
-from stablemoe_jax.data import text
-from stablemoe_jax.data.tokenizers import Tokenizer
+from stablemoe_jax.data.common import text
+from stablemoe_jax.data.common.tokenizers import Tokenizer
 
 # Bump when the record layout or line handling changes (invalidates old records).
 FORMAT_VERSION = 1

@@ -9,7 +9,7 @@ import ml_collections
 
 from stablemoe_jax.analysis.contribution import experiment_contributions
 from stablemoe_jax.analysis.report import write_report
-from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.models.transformer import has_moe_layers
 from stablemoe_jax.train import loop
 

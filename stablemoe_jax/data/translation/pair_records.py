@@ -98,7 +98,6 @@ class RecordSet:
         yield np.concatenate([np.frombuffer(r, _INT32)[1:] for r in records])
 
   def fitting(self, max_len: int) -> np.ndarray:
-    from stablemoe_jax.data.translation import fitting_pairs
     return fitting_pairs(self.source_lengths, self.target_lengths, max_len)
 
   def __getstate__(self):
@@ -106,3 +105,8 @@ class RecordSet:
 
   def __setstate__(self, state):
     self.__init__(state['pair'], state['name'], state['paths'])
+
+
+def fitting_pairs(source_lengths: np.ndarray, target_lengths: np.ndarray, max_len: int) -> np.ndarray:
+  """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
+  return np.flatnonzero((source_lengths <= max_len) & (target_lengths + 1 <= max_len))

@@ -26,18 +26,18 @@ import json
 import pathlib
 from typing import Any
 
-from stablemoe_jax.data import beam_pipeline
-from stablemoe_jax.data import parallel
-from stablemoe_jax.data import parallel_files
-from stablemoe_jax.data import prepare as lm_prepare
-from stablemoe_jax.data import shard_writer
-from stablemoe_jax.data import shards
-from stablemoe_jax.data import text
-from stablemoe_jax.data import translation
-from stablemoe_jax.data import wmt
-from stablemoe_jax.data.joint_tokenizer import JointSentencePiece
-from stablemoe_jax.data.parallel_files import FilePairs
-from stablemoe_jax.data.locate import DataNotFoundError, ENV_VAR
+from stablemoe_jax.data.common import shards
+from stablemoe_jax.data.common import text
+from stablemoe_jax.data.common.locate import DataNotFoundError, ENV_VAR
+from stablemoe_jax.data.prepare import beam_pipeline
+from stablemoe_jax.data.prepare import lm as lm_prepare
+from stablemoe_jax.data.prepare import shard_writer
+from stablemoe_jax.data.translation import corpora as parallel
+from stablemoe_jax.data.translation import files as parallel_files
+from stablemoe_jax.data.translation import pipeline as translation
+from stablemoe_jax.data.translation import wmt
+from stablemoe_jax.data.translation.files import FilePairs
+from stablemoe_jax.data.translation.joint_tokenizer import JointSentencePiece
 
 
 

@@ -33,11 +33,11 @@ import time
 
 import numpy as np
 
-from stablemoe_jax.data import joint_tokenizer
-from stablemoe_jax.data import pair_records
-from stablemoe_jax.data import shards
-from stablemoe_jax.data import text
-from stablemoe_jax.data import tokenizers
+from stablemoe_jax.data.common import shards
+from stablemoe_jax.data.common import text
+from stablemoe_jax.data.common import tokenizers
+from stablemoe_jax.data.translation import joint_tokenizer
+from stablemoe_jax.data.translation import pair_records
 
 _TOKENIZERS: dict[str, tokenizers.Tokenizer] = {}
 

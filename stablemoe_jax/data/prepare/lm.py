@@ -1,4 +1,4 @@
-"""`python -m stablemoe_jax.data.prepare --config CONFIG --workdir DIR [--workers N]`: corpora at any size.
+"""Preparing a language-model corpus at any size (`python -m stablemoe_jax.data.prepare`, `__main__.py`).
 
 Prepares what `main` trains on, into `DIR/data` (the workdir `main` is then run
 with): the tokenizer in `DIR/data/tokenizer`, the tokenized shards in
@@ -40,13 +40,14 @@ from typing import Any
 import sentencepiece as spm
 import tqdm
 
-from stablemoe_jax.data import beam_pipeline
-from stablemoe_jax.data import locate
-from stablemoe_jax.data import prepared
-from stablemoe_jax.data import shard_writer
-from stablemoe_jax.data import shards
-from stablemoe_jax.data import text
-from stablemoe_jax.data import tokenizers
+from stablemoe_jax.data.common import locate
+from stablemoe_jax.data.common import shards
+from stablemoe_jax.data.common import text
+from stablemoe_jax.data.common import tokenizers
+from stablemoe_jax.data.lm import prepared
+from stablemoe_jax.data.prepare import beam_pipeline
+from stablemoe_jax.data.prepare import shard_writer
+from stablemoe_jax.data.lm.prepared import config_value as _get, settings, split_inputs  # noqa: F401  (re-exported)
 
 FORMAT_VERSION = 1
 
@@ -70,27 +71,6 @@ class Options:
   @property
   def shard_bytes(self) -> int:
     return max(int(self.shard_mb * (1 << 20)), 1)
-
-
-def _get(data_config: Any, key: str, default: Any = None) -> Any:
-  return data_config.get(key, default) if hasattr(data_config, 'get') else getattr(data_config, key, default)
-
-
-def split_inputs(data_config: Any) -> dict[str, list[pathlib.Path]]:
-  """{split: input files} of the config's data section."""
-  corpus = _get(data_config, 'corpus', 'ptb')
-  if corpus == 'files':
-    return {split: shards.expand_inputs(_get(data_config, f'{split}_files', ''), f'data.{split}_files')
-            for split in SPLITS}
-  data_dir = locate.resolve_data_dir(_get(data_config, 'data_dir', ''), corpus)
-  return {split: [path] for split, path in locate.corpus_files(data_dir, corpus).items()}
-
-
-def settings(data_config: Any) -> dict[str, Any]:
-  """The manifest keys the config's data section determines (compared by `main` when it reads the shards)."""
-  return prepared.wanted({'corpus': _get(data_config, 'corpus', 'ptb'),
-                          'tokenizer': _get(data_config, 'tokenizer', 'word'),
-                          'sentencepiece_vocab_size': _get(data_config, 'sentencepiece_vocab_size')})
 
 
 def inputs_identity(files: Mapping[str, list[pathlib.Path]]) -> dict[str, list[str]]:
@@ -318,44 +298,3 @@ def write_json(path: pathlib.Path, value: dict) -> None:
   tmp = path.with_name(path.name + '.tmp')
   tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + '\n')
   tmp.replace(path)
-
-
-def main(argv: list[str]) -> None:
-  from absl import flags
-  del argv
-  f = flags.FLAGS
-  options = Options(f.shard_mb, f.shard_pairs, f.chunk_tokens, f.sentencepiece_sample_lines, f.batch_lines,
-                    f.workers, f.skip_bad_files, f.beam_args)
-  if f.config.get('task', 'lm') == 'translation':
-    from stablemoe_jax.config_validation import validate_config
-    from stablemoe_jax.data import prepare_translation
-    validate_config(f.config)  # Before any work: the config main will be run with (pairs, files' globs, ...).
-    report = prepare_translation.prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)
-  else:
-    report = prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)
-  print(json.dumps(report))
-
-
-def _define_flags() -> None:
-  from absl import flags
-  from ml_collections import config_flags
-  config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file (its data section is used).')
-  flags.DEFINE_string('workdir', None, 'The run directory; the data go to WORKDIR/data, where main reads them.')
-  flags.DEFINE_integer('workers', 1, 'Beam worker processes on this machine; 0: no Beam, one process.')
-  flags.DEFINE_bool('skip_bad_files', False, 'Leave out input files with a non-UTF-8 or unreadable line '
-                    '(listed in the report) instead of stopping.')
-  flags.DEFINE_string('beam_args', '', 'Beam pipeline options for a cluster runner, e.g. '
-                      '"--runner=FlinkRunner --flink_master=host:8081 --environment_type=LOOPBACK".')
-  flags.DEFINE_float('shard_mb', Options.shard_mb, 'MiB of plain text per shard (a compressed file is one shard).')
-  flags.DEFINE_integer('shard_pairs', Options.shard_pairs, 'Translation: sentence pairs per shard.')
-  flags.DEFINE_integer('chunk_tokens', Options.chunk_tokens, 'Tokens per array_record record.')
-  flags.DEFINE_integer('sentencepiece_sample_lines', Options.sentencepiece_sample_lines,
-                       'sentencepiece trains on a seeded sample of at most this many train lines.')
-  flags.DEFINE_integer('batch_lines', Options.batch_lines, 'Lines a worker tokenizes at once (bounds its memory).')
-  flags.mark_flags_as_required(['config', 'workdir'])
-
-
-if __name__ == '__main__':
-  from stablemoe_jax import cli
-  _define_flags()
-  cli.run_app(main)

@@ -24,8 +24,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stablemoe_jax.data import pipeline
-from stablemoe_jax.data import stream as stream_lib
+from stablemoe_jax.data.common import locate, shards, tokenizers
+from stablemoe_jax.data.lm import batches as pipeline
+from stablemoe_jax.data.lm import prepared
+from stablemoe_jax.data.lm import stream as stream_lib
 
 _FEW = 64  # Up to this many records are read one by one (see ChunkRecords.__getitems__).
 
@@ -104,19 +106,18 @@ def load(prepared_dir: pathlib.Path, data_config, in_memory: bool | None = None)
     PreparedDataMismatchError: prepared with other data settings, with another
       tokenizer, or from inputs that have changed since (when they are here).
   """
-  from stablemoe_jax.data import locate, prepare, prepared, shards, tokenizers
 
   manifest = json.loads((prepared_dir / prepared.MANIFEST).read_text())
   fix = (f'Run `python -m stablemoe_jax.data.prepare` again with this config and --workdir, '
          f'or use a new --workdir.')
-  wanted = prepare.settings(data_config)
+  wanted = prepared.settings(data_config)
   differ = [f'data.{k}={v!r} but they were prepared with {manifest.get(k)!r}'
             for k, v in wanted.items() if manifest.get(k) != v]
   if differ:
     raise prepared.PreparedDataMismatchError(
         f'The shards prepared in {prepared_dir} do not match this config: {"; ".join(differ)}. {fix}')
   try:  # Only stat() here: a run's start must not read the inputs (prepare's names also hash their heads).
-    now = {split: [shards.file_stat(p) for p in paths] for split, paths in prepare.split_inputs(data_config).items()}
+    now = {split: [shards.file_stat(p) for p in paths] for split, paths in prepared.split_inputs(data_config).items()}
   except (locate.DataNotFoundError, shards.EmptyInputError):
     now = None  # No raw corpus here (evaluating or resuming elsewhere): the shards are what there is.
   then = {split: [i.rsplit(':', 1)[0] for i in ids] for split, ids in manifest['inputs'].items()}

@@ -16,17 +16,11 @@ from __future__ import annotations
 import os
 import pathlib
 
+from stablemoe_jax.core.errors import DataError, DataNotFoundError  # noqa: F401  (raised here; re-exported)
+
 ENV_VAR = 'STABLEMOE_DATA_DIR'
 SPLITS = ('train', 'valid', 'test')
 CORPORA = ('ptb', 'text')
-
-
-class DataNotFoundError(FileNotFoundError):
-  """The corpus directory or one of its expected files does not exist."""
-
-
-class DataError(ValueError):
-  """A corpus file or the prepared data cannot be used; the one-line message names the file and the fix."""
 
 
 def _how_to_fix(corpus: str) -> str:

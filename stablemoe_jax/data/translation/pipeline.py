@@ -24,11 +24,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from stablemoe_jax.data import parallel
-from stablemoe_jax.data.joint_tokenizer import BOS_ID, EOS_ID, JointSentencePiece
-from stablemoe_jax.data.pair_records import RecordSet
-from stablemoe_jax.data.locate import ENV_VAR, DataError, DataNotFoundError
-from stablemoe_jax.models.seq2seq import PAD_ID
+from stablemoe_jax.data.translation import corpora as parallel
+from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID, JointSentencePiece
+from stablemoe_jax.data.translation.pair_records import RecordSet, fitting_pairs  # noqa: F401  (re-exported)
+from stablemoe_jax.core.constants import PAD_ID
+from stablemoe_jax.data.common.locate import ENV_VAR, DataError, DataNotFoundError
 
 MANIFEST = "manifest.json"
 LENGTH_REPORT = "length_report.json"
@@ -65,11 +65,6 @@ class EncodedSet:
   def fitting(self, max_len: int) -> np.ndarray:
     """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
     return fitting_pairs(np.diff(self.source_offsets), np.diff(self.target_offsets), max_len)
-
-
-def fitting_pairs(source_lengths: np.ndarray, target_lengths: np.ndarray, max_len: int) -> np.ndarray:
-  """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
-  return np.flatnonzero((source_lengths <= max_len) & (target_lengths + 1 <= max_len))
 
 
 def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -268,10 +263,10 @@ class TranslationData:
 def settings(data_config: Any) -> dict:
   corpus = data_config.get("corpus", "multi30k_bible")
   if corpus == "files":  # a user's own parallel files
-    from stablemoe_jax.data import parallel_files
+    from stablemoe_jax.data.translation import files as parallel_files
     return parallel_files.settings(data_config)
   if corpus == "wmt":  # the paper's WMT pairs, from prepared TFDS builders
-    from stablemoe_jax.data import wmt
+    from stablemoe_jax.data.translation import wmt
     return wmt.settings(data_config)
   return {"pairs": list(parallel.parse_pairs(data_config.pairs)),
           "bible_valid_books": list(parallel.parse_books(data_config.bible_valid_books)),

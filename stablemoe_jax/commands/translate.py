@@ -4,12 +4,12 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from stablemoe_jax.config_validation import ConfigError
-from stablemoe_jax.data.locate import DataError
+from stablemoe_jax.core.constants import task_name
+from stablemoe_jax.core.errors import ConfigError, DataError
 from stablemoe_jax.decoding.bleu_report import decode_settings
 from stablemoe_jax.decoding.translate_lines import translate_lines
 from stablemoe_jax.decoding.translator import make_translate_fn
-from stablemoe_jax.tasks import task_name
+from stablemoe_jax.train import loop
 
 
 def read_lines(path: str) -> list[str]:
@@ -42,8 +42,6 @@ def write_lines(path: str, lines: list[str]) -> None:
 
 def translate_file(config, workdir, step: int | None, src_lang: str, input_path: str, output_path: str) -> dict:
   """Translates ``input_path`` from ``src_lang`` with the checkpoint at ``step`` (None: latest) of ``workdir``."""
-  from stablemoe_jax.train import loop  # the loop imports this package's siblings; import it when run
-
   if task_name(config) != "translation":
     raise ConfigError(f"--mode=translate needs a translation config (task='translation'); --config has task="
                       f"{task_name(config)!r}.")

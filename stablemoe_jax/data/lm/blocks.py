@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stablemoe_jax.data.stream import TokenStream
+from stablemoe_jax.data.lm.stream import TokenStream
 
 
 class TrainBlocks:

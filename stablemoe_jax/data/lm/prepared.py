@@ -21,9 +21,10 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
-from stablemoe_jax.data import locate
-from stablemoe_jax.data import tokenizers
-from stablemoe_jax.data.stream import FieldSource, RecordSource
+from stablemoe_jax.data.common import locate
+from stablemoe_jax.data.common import shards
+from stablemoe_jax.data.common import tokenizers
+from stablemoe_jax.data.lm.stream import FieldSource, RecordSource
 
 MANIFEST = 'prepared.json'
 SHARDS_FORMAT = 'shards'  # The manifest's 'format' when `stablemoe_jax.data.prepare` wrote it.
@@ -39,6 +40,27 @@ def wanted(data_config: Mapping[str, Any]) -> dict[str, Any]:
   if out['tokenizer'] == 'sentencepiece':
     out['sentencepiece_vocab_size'] = int(data_config['sentencepiece_vocab_size'])
   return out
+
+
+def config_value(data_config: Any, key: str, default: Any = None) -> Any:
+  return data_config.get(key, default) if hasattr(data_config, 'get') else getattr(data_config, key, default)
+
+
+def split_inputs(data_config: Any) -> dict[str, list[pathlib.Path]]:
+  """{split: input files} of the config's data section."""
+  corpus = config_value(data_config, 'corpus', 'ptb')
+  if corpus == 'files':
+    return {split: shards.expand_inputs(config_value(data_config, f'{split}_files', ''), f'data.{split}_files')
+            for split in locate.SPLITS}
+  data_dir = locate.resolve_data_dir(config_value(data_config, 'data_dir', ''), corpus)
+  return {split: [path] for split, path in locate.corpus_files(data_dir, corpus).items()}
+
+
+def settings(data_config: Any) -> dict[str, Any]:
+  """The manifest keys the config's data section determines (compared by `main` when it reads the shards)."""
+  return wanted({'corpus': config_value(data_config, 'corpus', 'ptb'),
+                          'tokenizer': config_value(data_config, 'tokenizer', 'word'),
+                          'sentencepiece_vocab_size': config_value(data_config, 'sentencepiece_vocab_size')})
 
 
 def write_manifest(prepared_dir: pathlib.Path, data_config: Mapping[str, Any], tokenizer: tokenizers.Tokenizer,

@@ -30,8 +30,8 @@ import os
 import pathlib
 from collections.abc import Iterator
 
-from stablemoe_jax.data import text
-from stablemoe_jax.data.locate import DataError
+from stablemoe_jax.data.common import text
+from stablemoe_jax.data.common.locate import DataError
 
 COMPRESSED = ('.gz', '.zst')
 _HEAD_BYTES = 1 << 20

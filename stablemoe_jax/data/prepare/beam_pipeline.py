@@ -28,8 +28,8 @@ import logging
 import shlex
 from collections.abc import Sequence
 
-from stablemoe_jax.data import shard_writer
-from stablemoe_jax.data.shards import ShardSpec
+from stablemoe_jax.data.common.shards import ShardSpec
+from stablemoe_jax.data.prepare import shard_writer
 
 
 def run_inline(specs: Sequence[ShardSpec], job: shard_writer.ShardJob) -> None:

@@ -20,7 +20,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 
-from stablemoe_jax.data.locate import DataError
+from stablemoe_jax.data.common.locate import DataError
 
 BOM = b'\xef\xbb\xbf'
 

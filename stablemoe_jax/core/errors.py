@@ -1,0 +1,28 @@
+"""User errors that several layers raise and the command-line entry points print as one line (``cli.py``)."""
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+  """A config value is unknown or inconsistent; the message names the key and the fix."""
+
+
+class DataNotFoundError(FileNotFoundError):
+  """The corpus directory or one of its expected files does not exist."""
+
+
+class DataError(ValueError):
+  """A corpus file or the prepared data cannot be used; the one-line message names the file and the fix."""
+
+
+def require(ok: bool, message: str) -> None:
+  """Raises ConfigError(message) unless ``ok``: how each config section's owner checks its values."""
+  if not ok:
+    raise ConfigError(message)
+
+
+def require_parses(parse, *args) -> None:
+  """Runs a data module's own check; its ValueError (which names the fix) becomes a ConfigError."""
+  try:
+    parse(*args)
+  except ValueError as error:
+    raise ConfigError(str(error)) from None

@@ -5,7 +5,7 @@ prints a JSON line with: the norm of the batch-mean MoE input ``|mean_t h_t|`` a
 (their ratio near 1 means every token points the same way), the range over experts of the scores'
 shared part ``E_i . mean_t h_t``, the spread of a score over tokens (std over t of
 ``s[t, i] - mean_t s[t, i]``, averaged over i), the mean gate ``sigmoid(max_i s[t, i])`` and how far the
-shared parts moved per step since the last line. README "Router health" shows it for the paper's loss.
+shared parts moved per step since the last line. docs/router_health.md shows it for the paper's loss.
 
   python -m benchmarks.router_geometry --config configs/default.py --workdir /tmp/geometry \
       --config.model.moe.stablemoe.balance_scope=assigned --config.train.learning_rate=4e-3 --steps 30

@@ -213,7 +213,7 @@ def test_guard_thresholds_each_flag_alone_and_name_the_numbers():
     (collapse,) = guard.observe(20, window)
     message = collapse.message()
     assert phrase in message and "moe_0" in message and "learning_rate" in message and "warmup_steps" in message
-    assert "balance_alpha" in message and 'README.md, section "Router health"' in message
+    assert "balance_alpha" in message and 'docs/router_health.md' in message
   guard = health.CollapseGuard(_settings(patience=1), start_step=10)
   assert guard.observe(20, _window(gate=0.06, low=0.5, balance=0.5)) == []  # on the thresholds: healthy
 

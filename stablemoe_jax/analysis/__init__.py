@@ -1,2 +1,2 @@
 """Routing analysis: records of the routing during training, fluctuation (the paper's Figures 2 and 8),
-cohesion (Table 7) and load statistics. See the README's "Routing analysis" section."""
+cohesion (Table 7) and load statistics. See docs/evaluation.md, "Routing analysis"."""

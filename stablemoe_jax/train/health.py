@@ -25,7 +25,7 @@ ON_COLLAPSE = ("warn", "stop")
 # Routers whose gate is a sigmoid that can fall to 0. Switch's gate is the top softmax probability, >= 1/N by
 # construction (below 0.05 for N > 20 without anything being wrong); Hash's is 1. Their collapse shows in the load.
 GATE_CAN_VANISH = ("stablemoe", "base")
-README_SECTION = 'README.md, section "Router health"'
+DOCS_PAGE = 'docs/router_health.md'
 
 
 class CollapseError(RuntimeError):
@@ -104,7 +104,7 @@ class Collapse:
             f"carrying a dead layer, and its perplexity is not this method's result. Likely cures: "
             f"{'--config.model.moe.stablemoe.balance_scope=all, ' if self.router == 'stablemoe' else ''}a lower "
             f"--config.train.learning_rate, a longer --config.train.warmup_steps, or the balance-loss settings "
-            f"(model.moe.stablemoe.balance_alpha, model.moe.switch.balance_weight); see {README_SECTION}.")
+            f"(model.moe.stablemoe.balance_alpha, model.moe.switch.balance_weight); see {DOCS_PAGE}.")
 
 
 class CollapseGuard:

@@ -113,7 +113,7 @@ def prepare_tokenizer(config: Mapping[str, Any], train_files: list[pathlib.Path]
   """The tokenizer in `out_dir` if it was built from these inputs and settings, else a new one (saved).
 
   `config`: `settings(...)`; `sample_lines`: sentencepiece's training sample (ignored for 'word'). Building
-  reads every train line once in this process (1B tokens: 65 s, see the README).
+  reads every train line once in this process (1B tokens: 65 s, see docs/speed.md).
   """
   identity = '\n'.join(shards.file_identity(p) for p in train_files)
   meta = dict(config, kind=config['tokenizer'], train_inputs=hashlib.sha256(identity.encode()).hexdigest())

@@ -58,7 +58,7 @@ def _read(path: pathlib.Path) -> list[str]:
   if not path.is_file():
     raise DataNotFoundError(
         f"{path} is missing; point --config.data.data_dir (or $STABLEMOE_DATA_DIR) at the shared data folder "
-        f"holding multi30k/ and bible_es_en/ (see the README's Translation section).")
+        f"holding multi30k/ and bible_es_en/ (see docs/translation.md).")
   text.check_corpus_file(path, path.name)
   # A pair's files are aligned by "\n"-ended lines (as `prepare` cuts them, shards.plan_aligned): newline="\n"
   # keeps a lone "\r" inside its line instead of ending a line there (universal newlines would shift every

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from stablemoe_jax.models.distill import DISTILLED_KINDS
 from stablemoe_jax.models.dispatch import DEFAULT_BLOCK_SIZE, DISPATCHER_NAMES, SINGLE_DEVICE_DISPATCHERS
+from stablemoe_jax.models.experts import EXPERT_BIAS_INITS
 from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import (ATTENTION_IMPLEMENTATIONS, PLACEMENTS, REMAT_POLICIES,
                                                attention_implementation)
@@ -47,6 +48,10 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
            f"train.batch_size={train.batch_size} must be a positive multiple of "
            f"train.microbatches={train.microbatches}.")
   _require(train.learning_rate > 0, f"train.learning_rate={train.learning_rate} must be positive.")
+  _require(train.get("router_lr_scale", 1.0) > 0,
+           f"train.router_lr_scale={train.get('router_lr_scale')} must be > 0 (1: the routers share the lr).")
+  _require(train.get("router_warmup_steps", 0) >= 0,
+           f"train.router_warmup_steps={train.get('router_warmup_steps')} must be >= 0 (0: no router warmup).")
   for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     _require(train[key] > 0, f"train.{key}={train[key]} must be positive.")
   for section in ("train", "eval"):
@@ -94,6 +99,9 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
     _require(moe.sublayers_per_expert > 0,
              f"model.moe.sublayers_per_expert={moe.sublayers_per_expert} must be positive.")
     _require(moe.num_groups > 0, f"model.moe.num_groups={moe.num_groups} must be positive (1: one routing group).")
+    _require(moe.get("expert_bias_init", "zeros") in EXPERT_BIAS_INITS,
+             f"model.moe.expert_bias_init={moe.get('expert_bias_init')!r} is unknown; choose one of "
+             f"{EXPERT_BIAS_INITS} (torch: the authors' code's PyTorch default).")
     for section, rows in (("train", train.batch_size // train.microbatches), ("eval", config.eval.batch_size)):
       tokens = rows * config[section].seq_len
       _require(tokens % moe.num_groups == 0,

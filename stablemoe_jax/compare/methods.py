@@ -25,6 +25,11 @@ class Method:
 # The one table of methods. Keys are config paths, as on the command line (--config.model.moe.router=switch).
 METHODS = {m.name: m for m in [
     Method("stablemoe", "StableMoE", {"model.moe.router": "stablemoe"}),
+    # The two balance-loss scopes as methods of their own, whatever the config's scope (README "Router health").
+    Method("stablemoe_assigned", "StableMoE, the paper's balance loss (assigned)",
+           {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "assigned"}),
+    Method("stablemoe_all", "StableMoE, balance loss over all tokens (all)",
+           {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "all"}),
     Method("switch", "Switch Transformer", {"model.moe.router": "switch"}),
     Method("base", "BASE Layer", {"model.moe.router": "base"}),
     Method("hash", "Hash Layer", {"model.moe.router": "hash"}),

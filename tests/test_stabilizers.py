@@ -18,6 +18,8 @@ from stablemoe_jax.models.moe import MoELayer
 from stablemoe_jax.models.routers import DISTILLED_ROUTER_DEFAULTS, GreedySigmoid, LearnedRouter
 from stablemoe_jax.train import optimizer
 
+from test_train import _numpy_adam_updates  # float64 numpy Adam, bias-corrected
+
 D, FF, E, SUB, VOCAB = 8, 16, 4, 2, 11
 
 
@@ -140,15 +142,6 @@ def _train_config(**overrides):
   return train
 
 
-def _numpy_adam_updates(grads, lrs, b1=0.9, b2=0.98, eps=1e-8):
-  m = v = np.zeros_like(grads[0])
-  out = []
-  for k, (g, lr) in enumerate(zip(grads, lrs), start=1):
-    m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
-    out.append(-lr * (m / (1 - b1 ** k)) / (np.sqrt(v / (1 - b2 ** k)) + eps))
-  return out
-
-
 def test_router_lr_scale_and_warmup_against_numpy_adam():
   params = {"moe_1": {"router": {"centroids": jnp.zeros((2, 3)), "distilled_router": {"w": jnp.zeros(2)}},
                       "experts": {"w": jnp.zeros((2, 3))}}}
@@ -172,7 +165,8 @@ def test_router_lr_scale_and_warmup_against_numpy_adam():
   # optax counts from 0: the update of step k (1-based) uses the schedule at count k - 1.
   shared = [1e-2 * min(1.0, c / 4) if c < 4 else 1e-2 * (1 - (c - 4) / 16) for c in range(9)]
   router_lrs = [lr * 0.5 * min(1.0, c / 6) for c, lr in enumerate(shared)]
-  for got, want in ((got_expert, _numpy_adam_updates(g64, shared)), (got_router, _numpy_adam_updates(g64, router_lrs))):
+  for got, lrs in ((got_expert, shared), (got_router, router_lrs)):
+    want = _numpy_adam_updates(g64, lrs, 0.9, 0.98, 1e-8)
     np.testing.assert_allclose(np.stack(got), np.stack(want), rtol=1e-4, atol=1e-9)
 
 

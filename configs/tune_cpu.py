@@ -5,7 +5,8 @@ Run (resumable; finished runs' small files go to results/tune_cpu, commit them t
   nice -n 5 python -m stablemoe_jax.compare --config configs/tune_cpu.py --workdir /work/runs/tune_cpu
 Report what has finished without training: add --config.compare.report_only=True.
 
-Budget: configs/default.py's (850 steps of 16 x 128 tokens on PTB, 300 in stage 1), the same for every method;
+stablemoe_cosine (a deviation: X-MoE's cosine routing) is the one stabilizer whose probe kept the load even at
+lr 4e-3 (docs/tuning.md). Budget: configs/default.py's (850 steps of 16 x 128 tokens on PTB, 300 in stage 1), the same for every method;
 only train.learning_rate and train.warmup_steps vary, over the grid below. A setting whose MoE layer the collapse
 guard flags dead is not eligible.
 """
@@ -17,7 +18,7 @@ from configs import compare_cpu, default
 def get_config() -> ml_collections.ConfigDict:
   config = default.get_config()
   config.compare = compare_cpu.get_config().compare
-  config.compare.methods = "dense,stablemoe_all,stablemoe_assigned,hash,switch,base"
+  config.compare.methods = "dense,stablemoe_all,stablemoe_cosine,stablemoe_assigned,hash,switch,base"
   config.compare.seeds = 3
   config.compare.grid.learning_rate = "4e-3,2e-3,1e-3"  # the likeliest winners first
   config.compare.grid.warmup_steps = "400,40"

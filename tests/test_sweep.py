@@ -10,6 +10,7 @@ import ml_collections
 import pytest
 
 from stablemoe_jax.compare import report, runner, sweep
+from stablemoe_jax.compare.methods import method_configs
 from stablemoe_jax.config_validation import ConfigError
 
 
@@ -154,6 +155,16 @@ def test_bad_grids_are_one_clear_error_before_any_training(tiny_config, tmp_path
   with pytest.raises(ConfigError, match=message):
     sweep.run_sweep(config, tmp_path)
   assert not fake_training
+
+
+def test_tune_cpu_preset_validates_every_method_and_setting():
+  from configs import tune_cpu  # pylint: disable=import-outside-toplevel
+  config = tune_cpu.get_config()
+  grid = sweep.parse_grid(config)
+  assert len(grid.settings) == 6 and grid.steps == config.train.steps == 850
+  for name, method_config in method_configs(config).items():
+    for setting in grid.settings:
+      assert sweep.setting_config(method_config, setting, grid.steps, 0).train.learning_rate == setting.learning_rate
 
 
 def test_no_grid_is_the_plain_comparison(tiny_config):

@@ -3,6 +3,7 @@ resumption (in DIR and from a committed results folder), the report. Training is
 summary from the setting, so the logic is checked in seconds; one slow test trains the tiny config for real."""
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 
@@ -128,6 +129,21 @@ def test_report_only_trains_nothing_and_reports_an_unfinished_grid(tiny_config, 
   report.write_sweep_reports(config, result, tmp_path)
   table = (tmp_path / "comparison.md").read_text()
   assert "| dense Transformer (same shared layers) | 107.00 | -- | grid not finished |" in table
+
+
+def test_a_run_another_process_is_training_is_skipped_not_trained_twice(tiny_config, tmp_path, fake_training):
+  config = _sweep_config(tiny_config, methods="dense", seeds=1, rates="3e-3,1e-2", warmups="2")
+  busy = tmp_path / "dense" / "lr0.003_warmup2" / "seed0"
+  busy.mkdir(parents=True)
+  with open(busy / runner.LOCK_FILE, "a") as handle:  # another comparison command holds this run
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    lines = []
+    result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: lines.append(line))
+    fcntl.flock(handle, fcntl.LOCK_UN)
+  assert [t[0] for t in fake_training] == [str(tmp_path / "dense" / "lr0.01_warmup2" / "seed0")]
+  assert any("another process is training it" in line for line in lines) and result["choices"]["dense"] is None
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)  # released: now it trains
+  assert len(fake_training) == 2 and result["choices"]["dense"]["name"] == "lr0.01_warmup2"
 
 
 def test_shorter_selection_budget_scales_stage1_and_runs_seed0_again_at_full_budget(tiny_config, tmp_path,

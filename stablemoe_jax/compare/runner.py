@@ -1,6 +1,8 @@
 """Runs every (method, seed) of a comparison in ``DIR/<method>/seed<k>``, resuming where it stopped."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pathlib
@@ -87,12 +89,32 @@ def find_finished(directory: pathlib.Path, exported: pathlib.Path | None) -> pat
   return None
 
 
+LOCK_FILE = ".train.lock"
+
+
+@contextlib.contextmanager
+def training_lock(directory: pathlib.Path):
+  """Yields True while this process holds the run's lock, False if another process is training it (two comparison
+  commands on one workdir then share the runs instead of training one twice)."""
+  with open(directory / LOCK_FILE, "a") as handle:
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      yield False
+      return
+    try:
+      yield True
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def train_run(run_config: ml_collections.ConfigDict, workdir: pathlib.Path, relative: str, log, tag: str,
               exported_root: pathlib.Path | None = None, train: bool = True):
   """Trains the run ``workdir/relative`` unless it finished (there or under ``exported_root/relative``).
 
   Returns (summary, the folder its files are read from, status), or None when it has not finished and ``train``
-  is false. A run trained here is exported to ``exported_root/relative`` when that is set.
+  is false or another process holds its lock (is training it). A run trained here is exported to
+  ``exported_root/relative`` when that is set.
   """
   directory = pathlib.Path(workdir) / relative
   exported = None if exported_root is None else exported_root / relative
@@ -105,9 +127,15 @@ def train_run(run_config: ml_collections.ConfigDict, workdir: pathlib.Path, rela
     return json.loads((source / "summary.json").read_text()), source, status
   if not train:
     return None
-  log(f"{tag}: training in {directory}", flush=True)
-  started = time.time()
-  summary = loop.train_and_evaluate(run_config, directory)
+  with training_lock(directory) as mine:
+    if not mine:
+      log(f"{tag}: another process is training it in {directory}; skipped", flush=True)
+      return None
+    if (directory / "summary.json").exists():  # finished by that process between the check and the lock
+      return json.loads((directory / "summary.json").read_text()), directory, "finished earlier"
+    log(f"{tag}: training in {directory}", flush=True)
+    started = time.time()
+    summary = loop.train_and_evaluate(run_config, directory)
   if exported is not None:
     export_run(directory, exported)
   return summary, directory, f"trained in {time.time() - started:.0f} s"
@@ -150,7 +178,10 @@ def run_all(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=
       run_config = ml_collections.ConfigDict(method_config.to_dict())
       run_config.seed = config.seed + k
       relative = f"{name}/seed{k}"
-      summary, source, status = train_run(run_config, workdir, relative, log, tag, exported_root)
+      found = train_run(run_config, workdir, relative, log, tag, exported_root)
+      if found is None:  # another process is training it: its record is missing from this report
+        continue
+      summary, source, status = found
       if costs is None:
         costs = model_costs(run_config, workdir / relative)
       log_result(log, tag, status, summary)

@@ -24,4 +24,13 @@ def get_config() -> ml_collections.ConfigDict:
   # Comma-separated names from stablemoe_jax/compare/methods.py METHODS, run in this order.
   config.compare.methods = "stablemoe,switch,base,hash,base_fixed,dense,dense_deeper,dense_wider"
   config.compare.seeds = 1  # runs per method, with seeds config.seed, config.seed + 1, ...
+  # Tuning (stablemoe_jax/compare/sweep.py, configs/tune_cpu.py): comma-separated grids; both empty: no tuning.
+  config.compare.grid = ml_collections.ConfigDict()
+  config.compare.grid.learning_rate = ""  # e.g. "1e-3,2e-3,4e-3"
+  config.compare.grid.warmup_steps = ""  # e.g. "40,400"
+  config.compare.grid.steps = 0  # the selection runs' budget; 0: train.steps (a shorter one scales stage1_steps)
+  # A folder (e.g. results/tune_cpu, committed) that gets each finished run's summary.json, metrics.jsonl and
+  # fluctuation.json; a run found there is not redone, so a sweep resumes on another machine. "": none.
+  config.compare.results_dir = ""
+  config.compare.report_only = False  # True: train nothing, report the finished runs
   return config

@@ -51,6 +51,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Evaluation's: auto (grouped if no token can be dropped and mesh.expert == 1, else as training) | any dispatcher
   config.model.moe.eval_dispatcher = "auto"
   config.model.moe.block_size = 128  # grouped dispatcher: rows per block; each expert's rows padded to a multiple
+  # Expert FFN biases: "zeros" (each expert adds exactly 0 at first) | "torch" (the authors' code: PyTorch's default
+  # nn.Linear bias U(+-1/sqrt(fan_in)); only the output weight is zeroed). docs/tuning.md has its probe.
+  config.model.moe.expert_bias_init = "zeros"
   # Each router's own settings, read (and validated) only when that router is chosen; setting one of an
   # unselected router is an error. The defaults must equal ROUTERS[name].defaults.
   config.model.moe.stablemoe = ml_collections.ConfigDict()
@@ -60,6 +63,12 @@ def get_config() -> ml_collections.ConfigDict:
   # "all" (every token's; a deviation). With "assigned" the gate collapses to ~0 within 30 steps at this scale
   # (README "Router health"); "all" keeps it alive. A preset setting: other routers ignore it without error.
   config.model.moe.stablemoe.balance_scope = "all"
+  # Deviations probed in docs/tuning.md (off: the paper's router). Router z-loss weight (mean logsumexp(s)^2; 0: off).
+  config.model.moe.stablemoe.z_loss_weight = 0.0
+  # "dot": s = h . E_i (the paper) | "cosine": s = cos(P h, E_i) / tau, tau learned (X-MoE, Chi et al. 2022)
+  config.model.moe.stablemoe.affinity = "dot"
+  config.model.moe.stablemoe.cosine_dim = 0  # affinity=cosine: P projects h to this many dims (X-MoE: 16); 0: no P
+  config.model.moe.stablemoe.cosine_temperature = 0.5  # affinity=cosine: tau's initial value (tutel's 0.5)
   config.model.moe.switch = ml_collections.ConfigDict()
   config.model.moe.switch.balance_weight = 0.01  # weight of N * sum_i f_i P_i (the Switch paper's 0.01)
   config.model.moe.switch.z_loss_weight = 0.0  # router z-loss weight (ST-MoE uses 0.001); 0: off
@@ -98,6 +107,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.adam_b2 = 0.98
   config.train.adam_eps = 1e-8
   config.train.clip_norm = 0.1
+  # The learned routers' own parameters (centroids; the cosine router's projection and temperature): their lr is the
+  # schedule's x router_lr_scale x min(1, step / router_warmup_steps). 1.0 and 0: the shared optimizer (the paper).
+  config.train.router_lr_scale = 1.0
+  config.train.router_warmup_steps = 0
   config.train.log_every = 50
   config.train.eval_every = 425
   config.train.eval_batches = 20  # validation batches per in-training evaluation; <= 0: whole split

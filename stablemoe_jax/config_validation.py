@@ -40,6 +40,10 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
            f"train.batch_size={train.batch_size} must be a positive multiple of "
            f"train.microbatches={train.microbatches}.")
   _require(train.learning_rate > 0, f"train.learning_rate={train.learning_rate} must be positive.")
+  _require(train.get("router_lr_scale", 1.0) > 0,
+           f"train.router_lr_scale={train.get('router_lr_scale')} must be > 0 (1: the routers share the lr).")
+  _require(train.get("router_warmup_steps", 0) >= 0,
+           f"train.router_warmup_steps={train.get('router_warmup_steps')} must be >= 0 (0: no router warmup).")
   for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     _require(train[key] > 0, f"train.{key}={train[key]} must be positive.")
   for section in ("train", "eval"):

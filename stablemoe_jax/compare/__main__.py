@@ -3,6 +3,9 @@
 Trains every method of ``compare.methods`` for ``compare.seeds`` seeds under the same budget, in
 ``DIR/<method>/seed<k>`` (rerun the command to resume: finished runs are kept, a killed one resumes
 from its checkpoint), then writes DIR/comparison.md, DIR/comparison.json and DIR/convergence.png.
+With ``compare.grid`` set (configs/tune_cpu.py), each method is first tuned over a learning-rate x warmup
+grid and its seeds run at its choice (compare/sweep.py); ``--config.compare.report_only=True`` then trains
+nothing and reports the finished runs.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from stablemoe_jax import cli
-from stablemoe_jax.compare import report, runner
+from stablemoe_jax.compare import report, runner, sweep
 from stablemoe_jax.config_validation import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config with a compare section, e.g. "
@@ -28,6 +31,15 @@ def main(argv: list[str]) -> None:
   if "compare" not in config:
     raise ConfigError(f"the config has no compare section (compare.methods, compare.seeds); "
                       f"use --config configs/compare_cpu.py or add one.")
+  if sweep.parse_grid(config) is not None:  # each method at its best: a grid, the choice, seeds at the choice
+    result = sweep.run_sweep(config, _WORKDIR.value, train=not config.compare.get("report_only", False))
+    rows = report.write_sweep_reports(config, result, _WORKDIR.value)
+    labels = {name: name for name in result["grid"]}
+    print(report.grid_table(result, labels))
+    if rows:
+      print(report.markdown_table(rows, report.SWEEP_COLUMNS))
+    print(f"wrote {_WORKDIR.value}/comparison.md and comparison.json", flush=True)
+    return
   records = runner.run_all(config, _WORKDIR.value)
   rows = report.write_reports(config, records, _WORKDIR.value)
   print(report.markdown_table(rows))

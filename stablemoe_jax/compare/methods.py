@@ -25,6 +25,15 @@ class Method:
 # The one table of methods. Keys are config paths, as on the command line (--config.model.moe.router=switch).
 METHODS = {m.name: m for m in [
     Method("stablemoe", "StableMoE", {"model.moe.router": "stablemoe"}),
+    # The two balance-loss scopes as methods of their own, whatever the config's scope (README "Router health").
+    Method("stablemoe_assigned", "StableMoE, the paper's balance loss (assigned)",
+           {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "assigned"}),
+    Method("stablemoe_all", "StableMoE, balance loss over all tokens (all)",
+           {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "all"}),
+    # all + X-MoE's cosine routing on a 16-dim projection with a learned temperature (docs/tuning.md, probe p03).
+    Method("stablemoe_cosine", "StableMoE, all, cosine routing (X-MoE)",
+           {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "all",
+            "model.moe.stablemoe.affinity": "cosine", "model.moe.stablemoe.cosine_dim": 16}),
     Method("switch", "Switch Transformer", {"model.moe.router": "switch"}),
     Method("base", "BASE Layer", {"model.moe.router": "base"}),
     Method("hash", "Hash Layer", {"model.moe.router": "hash"}),

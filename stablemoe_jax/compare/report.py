@@ -266,3 +266,62 @@ def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[di
       + "\n![validation perplexity against training wall time](convergence.png)\n")
   write_plot(rows, workdir / "convergence.png")
   return rows
+
+
+# --- the tuned comparison (compare/sweep.py) ----------------------------------------------------------------------
+
+def _grid_cell(cell: dict) -> str:
+  if cell["valid_ppl"] is None:
+    return "--"
+  return f"{cell['valid_ppl']:.2f}" + ("" if cell["alive"] else " (DEAD)")
+
+
+def _choice_cell(choice: dict | None) -> str:
+  if choice is None:
+    return "grid not finished"
+  return f"lr {choice['learning_rate']:g}, warmup {choice['warmup_steps']}" + (
+      " (every setting dead)" if choice["every_setting_dead"] else "")
+
+
+def grid_table(result: dict, labels: dict[str, str]) -> str:
+  """Every method's grid: valid PPL per (lr, warmup) setting, (DEAD) where the guard flagged a layer, its choice."""
+  settings = result["settings"]
+  lines = ["| method | " + " | ".join(f"lr {s['learning_rate']:g}, warmup {s['warmup_steps']}" for s in settings)
+           + " | choice |", "|" + "---|" * (len(settings) + 2)]
+  for name, cells in result["grid"].items():
+    lines.append(f"| {labels.get(name, name)} | " + " | ".join(_grid_cell(c) for c in cells) + " | "
+                 + _choice_cell(result["choices"].get(name)) + " |")
+  return "\n".join(lines) + "\n"
+
+
+SWEEP_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
+    COLUMNS[0], ("chosen lr / warmup", lambda r: f"{r['setting']['learning_rate']:g} / {r['setting']['warmup_steps']}"),
+    ("seeds", lambda r: str(len(r["seeds"]))), *COLUMNS[1:]]
+
+
+def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dict]:
+  """DIR/comparison.{json,md} (and convergence.png once a method has seeded runs) for a tuned comparison."""
+  from stablemoe_jax.compare.methods import METHODS  # pylint: disable=import-outside-toplevel
+  workdir = pathlib.Path(workdir)
+  rows = method_rows(result["records"]) if result["records"] else []
+  for row in rows:
+    row["setting"] = result["records"][[r["method"] for r in result["records"]].index(row["method"])]["setting"]
+  labels = {name: METHODS[name].label for name in result["grid"]}
+  (workdir / "comparison.json").write_text(json.dumps(
+      {"config": json.loads(config.to_json_best_effort()), "selection_steps": result["selection_steps"],
+       "settings": result["settings"], "grid": result["grid"], "choices": result["choices"], "methods": rows,
+       "runs": result["records"]}, indent=2))
+  train = config.train
+  selection = result["selection_steps"]
+  text = ["# Tuned comparison\n",
+          f"Each method's learning rate and warmup chosen on validation perplexity from the grid below (one run "
+          f"each, seed {config.seed}, {selection} steps{'' if selection == train.steps else ' (a shorter selection budget)'}"
+          f"); a setting whose MoE layer the collapse guard flagged dead (DEAD) is not eligible. Then "
+          f"{config.compare.seeds} seed(s) at the choice.\n", "## The grid (valid PPL)\n",
+          grid_table(result, labels)]
+  if rows:
+    text += ["## At each method's choice\n", _budget_note(config, rows), markdown_table(rows, SWEEP_COLUMNS),
+             _health_note(rows), "\n![validation perplexity against training wall time](convergence.png)\n"]
+    write_plot(rows, workdir / "convergence.png")
+  (workdir / "comparison.md").write_text("\n".join(text))
+  return rows

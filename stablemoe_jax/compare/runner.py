@@ -1,6 +1,8 @@
 """Runs every (method, seed) of a comparison in ``DIR/<method>/seed<k>``, resuming where it stopped."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pathlib
@@ -57,42 +59,131 @@ def routing_fluctuation(directory: pathlib.Path) -> dict[str, float] | None:
     return None
 
 
+# A finished run's small result files: what a later session needs to skip the run (checkpoints are not kept).
+RESULT_FILES = ("summary.json", "metrics.jsonl", "fluctuation.json")
+
+
+def results_dir(config: ml_collections.ConfigDict) -> pathlib.Path | None:
+  """``compare.results_dir`` as a path (None if unset): finished runs' small files are copied there, and a run
+  whose summary.json is there is not redone (commit that folder to carry a sweep across machines)."""
+  path = config.compare.get("results_dir", "")
+  return pathlib.Path(path) if path else None
+
+
+def export_run(directory: pathlib.Path, target: pathlib.Path) -> None:
+  """Copies a finished run's RESULT_FILES to ``target`` (its routing fluctuation summarised as fluctuation.json)."""
+  shares = routing_fluctuation(directory)
+  if shares is not None and not (directory / "fluctuation.json").exists():
+    (directory / "fluctuation.json").write_text(json.dumps(shares, indent=2))
+  target.mkdir(parents=True, exist_ok=True)
+  for name in RESULT_FILES:
+    if (directory / name).exists():
+      (target / name).write_bytes((directory / name).read_bytes())
+
+
+def find_finished(directory: pathlib.Path, exported: pathlib.Path | None) -> pathlib.Path | None:
+  """The folder holding this run's summary.json: the run directory, else its copy under the results folder."""
+  for candidate in (directory, exported):
+    if candidate is not None and (candidate / "summary.json").exists():
+      return candidate
+  return None
+
+
+LOCK_FILE = ".train.lock"
+
+
+@contextlib.contextmanager
+def training_lock(directory: pathlib.Path):
+  """Yields True while this process holds the run's lock, False if another process is training it (two comparison
+  commands on one workdir then share the runs instead of training one twice)."""
+  with open(directory / LOCK_FILE, "a") as handle:
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      yield False
+      return
+    try:
+      yield True
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def train_run(run_config: ml_collections.ConfigDict, workdir: pathlib.Path, relative: str, log, tag: str,
+              exported_root: pathlib.Path | None = None, train: bool = True):
+  """Trains the run ``workdir/relative`` unless it finished (there or under ``exported_root/relative``).
+
+  Returns (summary, the folder its files are read from, status), or None when it has not finished and ``train``
+  is false or another process holds its lock (is training it). A run trained here is exported to
+  ``exported_root/relative`` when that is set.
+  """
+  directory = pathlib.Path(workdir) / relative
+  exported = None if exported_root is None else exported_root / relative
+  _share_prepared_data(pathlib.Path(workdir), directory)
+  source = find_finished(directory, exported)
+  if source is not None:
+    status = "finished earlier" if source == directory else f"finished earlier ({source})"
+    if exported is not None and source == directory and not (exported / "summary.json").exists():
+      export_run(directory, exported)
+    return json.loads((source / "summary.json").read_text()), source, status
+  if not train:
+    return None
+  with training_lock(directory) as mine:
+    if not mine:
+      log(f"{tag}: another process is training it in {directory}; skipped", flush=True)
+      return None
+    if (directory / "summary.json").exists():  # finished by that process between the check and the lock
+      return json.loads((directory / "summary.json").read_text()), directory, "finished earlier"
+    log(f"{tag}: training in {directory}", flush=True)
+    started = time.time()
+    summary = loop.train_and_evaluate(run_config, directory)
+  if exported is not None:
+    export_run(directory, exported)
+  return summary, directory, f"trained in {time.time() - started:.0f} s"
+
+
+def run_record(name: str, run_config: ml_collections.ConfigDict, seed_index: int, source: pathlib.Path,
+               summary: dict, costs: dict) -> dict:
+  """One run's record for the report: its summary, curve, routing fluctuation and its method's costs."""
+  saved = source / "fluctuation.json"
+  shares = json.loads(saved.read_text()) if saved.exists() else routing_fluctuation(source)
+  return {"method": name, "label": METHODS[name].label, "seed_index": seed_index, "seed": run_config.seed,
+          "overrides": METHODS[name].overrides, "workdir": str(source), "summary": summary,
+          "curve": validation_curve(source, summary), "fluctuation": shares, **costs}
+
+
+def log_result(log, tag: str, status: str, summary: dict) -> None:
+  bleu = f", test BLEU {summary['bleu']['average']:.2f}" if "bleu" in summary else ""
+  log(f"{tag}: {status}; valid ppl {summary['valid']['perplexity']:.2f}, "
+      f"test ppl {summary['test']['perplexity']:.2f}{bleu}, {summary.get('tokens_per_second', 0):.0f} tokens/s",
+      flush=True)
+
+
 def run_all(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=print) -> list[dict]:
   """Trains (or finds finished) every method x seed; returns one record per run, in order.
 
   Every method's config is built and validated before the first run starts. A run whose
-  ``summary.json`` exists is not redone; an interrupted one resumes from its last checkpoint.
+  ``summary.json`` exists (in ``DIR/<method>/seed<k>`` or under ``compare.results_dir``) is not redone;
+  an interrupted one resumes from its last checkpoint.
   """
   workdir = pathlib.Path(workdir)
   configs = method_configs(config)
   seeds = config.compare.seeds
   total = len(configs) * seeds
+  exported_root = results_dir(config)
   records = []
   for m, (name, method_config) in enumerate(configs.items()):
     costs = None
     for k in range(seeds):
-      index = m * seeds + k + 1
-      directory = run_dir(workdir, name, k)
+      tag = f"[{m * seeds + k + 1}/{total}] {name} seed {k}"
       run_config = ml_collections.ConfigDict(method_config.to_dict())
       run_config.seed = config.seed + k
-      summary_path = directory / "summary.json"
-      _share_prepared_data(workdir, directory)
-      if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        status = "finished earlier"
-      else:
-        log(f"[{index}/{total}] {name} seed {k}: training in {directory}", flush=True)
-        started = time.time()
-        summary = loop.train_and_evaluate(run_config, directory)
-        status = f"trained in {time.time() - started:.0f} s"
+      relative = f"{name}/seed{k}"
+      found = train_run(run_config, workdir, relative, log, tag, exported_root)
+      if found is None:  # another process is training it: its record is missing from this report
+        continue
+      summary, source, status = found
       if costs is None:
-        costs = model_costs(run_config, directory)
-      bleu = f", test BLEU {summary['bleu']['average']:.2f}" if "bleu" in summary else ""
-      log(f"[{index}/{total}] {name} seed {k}: {status}; valid ppl {summary['valid']['perplexity']:.2f}, "
-          f"test ppl {summary['test']['perplexity']:.2f}{bleu}, {summary.get('tokens_per_second', 0):.0f} tokens/s",
-          flush=True)
-      records.append({"method": name, "label": METHODS[name].label, "seed_index": k, "seed": run_config.seed,
-                      "overrides": METHODS[name].overrides, "workdir": str(directory), "summary": summary,
-                      "curve": validation_curve(directory, summary),
-                      "fluctuation": routing_fluctuation(directory), **costs})
+        costs = model_costs(run_config, workdir / relative)
+      log_result(log, tag, status, summary)
+      records.append(run_record(name, run_config, k, source, summary, costs))
   return records

@@ -5,6 +5,7 @@ from __future__ import annotations
 from stablemoe_jax.core.errors import ConfigError, require
 from stablemoe_jax.models.dispatch import DEFAULT_BLOCK_SIZE, DISPATCHER_NAMES, SINGLE_DEVICE_DISPATCHERS
 from stablemoe_jax.models.distill import DISTILLED_KINDS
+from stablemoe_jax.models.experts import EXPERT_BIAS_INITS
 from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import (ATTENTION_IMPLEMENTATIONS, PLACEMENTS, REMAT_POLICIES,
                                                attention_implementation)
@@ -50,6 +51,9 @@ def check_moe(config) -> None:
     require(moe.sublayers_per_expert > 0,
             f"model.moe.sublayers_per_expert={moe.sublayers_per_expert} must be positive.")
     require(moe.num_groups > 0, f"model.moe.num_groups={moe.num_groups} must be positive (1: one routing group).")
+    require(moe.get("expert_bias_init", "zeros") in EXPERT_BIAS_INITS,
+            f"model.moe.expert_bias_init={moe.get('expert_bias_init')!r} is unknown; choose one of "
+            f"{EXPERT_BIAS_INITS} (torch: the authors' code's PyTorch default).")
     for section, rows in (("train", train.batch_size // train.microbatches), ("eval", config.eval.batch_size)):
       tokens = rows * config[section].seq_len
       require(tokens % moe.num_groups == 0,

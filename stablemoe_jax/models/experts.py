@@ -33,11 +33,15 @@ class FFNExperts(nn.Module):
     num_experts: E.
     num_sublayers: FFN sublayers per expert (S).
     d_ff: hidden width of each FFN.
+    bias_init: "zeros" (both biases 0: each expert adds exactly 0 at first) or "torch" (the authors' code:
+      PyTorch's default ``nn.Linear`` bias, ``b_in ~ U(+-1/sqrt(d))`` and ``b_out ~ U(+-1/sqrt(d_ff))``; only
+      the output weight is zeroed, so each expert starts by adding the constant ``b_out`` of its last sublayers).
   """
 
   num_experts: int
   num_sublayers: int
   d_ff: int
+  bias_init: str = "zeros"
 
   @nn.compact
   def __call__(self, d_model: int) -> dict[str, jax.Array]:
@@ -48,14 +52,32 @@ class FFNExperts(nn.Module):
       return self.param(name, nn.with_logical_partitioning(init, axes), shape)
 
     w_in_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=-2, out_axis=-1)
+    if self.bias_init not in EXPERT_BIAS_INITS:
+      raise ValueError(f"expert bias_init={self.bias_init!r} is unknown; choose one of {EXPERT_BIAS_INITS}.")
+    torch_bias = self.bias_init == "torch"
+    b_in_init = torch_linear_bias_init(d) if torch_bias else nn.initializers.zeros
+    b_out_init = torch_linear_bias_init(f) if torch_bias else nn.initializers.zeros
     return {
         "ln_scale": param("ln_scale", nn.initializers.ones, (e, s, d)),
         "ln_bias": param("ln_bias", nn.initializers.zeros, (e, s, d)),
         "w_in": param("w_in", w_in_init, (e, s, d, f)),
-        "b_in": param("b_in", nn.initializers.zeros, (e, s, f)),
+        "b_in": param("b_in", b_in_init, (e, s, f)),
         "w_out": param("w_out", nn.initializers.zeros, (e, s, f, d)),
-        "b_out": param("b_out", nn.initializers.zeros, (e, s, d)),
+        "b_out": param("b_out", b_out_init, (e, s, d)),
     }
+
+
+# model.moe.expert_bias_init: "zeros" (this project's default) | "torch" (the authors' code, PyTorch's nn.Linear).
+EXPERT_BIAS_INITS = ("zeros", "torch")
+
+
+def torch_linear_bias_init(fan_in: int):
+  """PyTorch's default ``nn.Linear`` bias init: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``."""
+  bound = 1.0 / fan_in ** 0.5
+
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+  return init
 
 
 def dropout_keep_mask(rng: jax.Array, expert_ids: jax.Array, group_ids: jax.Array, sublayer: int,

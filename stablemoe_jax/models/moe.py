@@ -71,7 +71,8 @@ class MoELayer(nn.Module):
                                  self.make_rng(SHUFFLE_RNG) if shuffle else None,
                                  None if valid is None else valid.reshape(groups, group_size))
 
-    expert_params = experts.FFNExperts(num_experts, self.num_sublayers, self.d_ff, name="experts")(d)
+    expert_params = experts.FFNExperts(num_experts, self.num_sublayers, self.d_ff,
+                                        bias_init=cfg.get("expert_bias_init", "zeros"), name="experts")(d)
     dropout_rng = self.make_rng("dropout") if self.dropout > 0 and not deterministic else None
     expert_fn = functools.partial(experts.apply_ffn_experts, dropout=self.dropout, dtype=self.dtype)
     dispatcher = dispatch.choose_dispatcher(

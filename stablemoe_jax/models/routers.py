@@ -36,8 +36,13 @@ import numpy as np
 
 from stablemoe_jax.models import distill
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
-from stablemoe_jax.models.routing import (AUX_LOSS, BALANCE_SCOPES, METRICS, Routing, masked_mean,
+from stablemoe_jax.models.routing import (AUX_LOSS, BALANCE_SCOPES, METRICS, Routing, masked_mean, router_z_loss,
                                           stablemoe_balance_loss)
+
+# How a learned router scores token t against expert i (model.moe.stablemoe.affinity): "dot" ``h_t . E_i`` (the
+# paper) or "cosine" ``cos(P h_t, E_i) / tau`` with a learned temperature tau (X-MoE, Chi et al., 2022).
+AFFINITIES = ("dot", "cosine")
+MAX_LOGIT_SCALE = 100.0  # the cosine router's 1 / tau is clipped here (tutel's CosineTopKGate: 1 / 0.01)
 
 
 # --- policies: affinities -> assignment, gate, losses -------------------------------------------------------------
@@ -50,11 +55,13 @@ class GreedySigmoid:
   real tokens, over which the losses are taken).
 
   This one is StableMoE stage 1: greedy top-1, gate ``sigmoid(s[t, e_t])``, balance loss weighted by
-  ``balance_alpha`` over the gates of ``balance_scope`` (see ``routing.stablemoe_balance_loss``).
+  ``balance_alpha`` over the gates of ``balance_scope`` (see ``routing.stablemoe_balance_loss``), and, if
+  ``z_loss_weight`` > 0 (a deviation; the paper has none), the router z-loss on the scores.
   """
 
   balance_alpha: float = 0.3
   balance_scope: str = "assigned"
+  z_loss_weight: float = 0.0
 
   def assign(self, scores, deterministic, needed=True):
     del deterministic, needed
@@ -64,7 +71,10 @@ class GreedySigmoid:
     return jax.nn.sigmoid(jnp.take_along_axis(scores, expert_index[:, None], axis=-1)[:, 0])
 
   def losses(self, scores, assignment, weights=None):
-    return {"balance": stablemoe_balance_loss(scores, assignment, self.balance_alpha, self.balance_scope, weights)}
+    losses = {"balance": stablemoe_balance_loss(scores, assignment, self.balance_alpha, self.balance_scope, weights)}
+    if self.z_loss_weight > 0:
+      losses["z_loss"] = self.z_loss_weight * router_z_loss(scores, weights)
+    return losses
 
 
 def switch_balance_loss(probs: jax.Array, assignment: jax.Array, weights: jax.Array | None = None) -> jax.Array:
@@ -99,7 +109,7 @@ class SwitchSoftmax:
     losses = {"balance": self.balance_weight * switch_balance_loss(
         jax.nn.softmax(scores, axis=-1), assignment, weights)}
     if self.z_loss_weight > 0:
-      losses["z_loss"] = self.z_loss_weight * masked_mean(jnp.square(jax.nn.logsumexp(scores, axis=-1)), weights)
+      losses["z_loss"] = self.z_loss_weight * router_z_loss(scores, weights)
     return losses
 
 
@@ -180,6 +190,9 @@ class LearnedRouter(nn.Module):
     distill_weight: weight of the distillation loss.
     centroid_gain: orthogonal-init gain of the centroids (0 -> Switch's truncated normal, scale 0.1).
     jitter: multiplicative input noise ``U(1 - jitter, 1 + jitter)`` on h in training (needs a 'dropout' rng).
+    affinity: "dot" (``s = h E^T``) or "cosine" (X-MoE: ``s = cos(P h, E) * exp(logit_scale)``, P a
+      bias-free projection to ``cosine_dim`` dimensions (none if 0), the learned ``logit_scale`` = log(1/tau)
+      starting at log(1/``cosine_temperature``) and clipped at log(MAX_LOGIT_SCALE)).
   """
 
   num_experts: int
@@ -189,6 +202,9 @@ class LearnedRouter(nn.Module):
   distill_weight: float = 1.0
   centroid_gain: float = 0.1
   jitter: float = 0.0
+  affinity: str = "dot"
+  cosine_dim: int = 0
+  cosine_temperature: float = 0.5
 
   @nn.compact
   def __call__(self, h: jax.Array, token_ids: jax.Array, in_stage1: jax.Array,
@@ -197,11 +213,23 @@ class LearnedRouter(nn.Module):
     -> Routing over T tokens."""
     init = (nn.initializers.orthogonal(self.centroid_gain) if self.centroid_gain > 0 else
             nn.initializers.variance_scaling(0.1, "fan_in", "truncated_normal", in_axis=-1, out_axis=-2))
-    centroids = self.param("centroids", init, (self.num_experts, h.shape[-1]), jnp.float32)
+    if self.affinity not in AFFINITIES:
+      raise ValueError(f"router affinity {self.affinity!r} is unknown; choose one of {AFFINITIES}.")
+    feature_dim = self.cosine_dim if self.affinity == "cosine" and self.cosine_dim > 0 else h.shape[-1]
+    centroids = self.param("centroids", init, (self.num_experts, feature_dim), jnp.float32)
     h = h.astype(jnp.float32)
     if self.jitter > 0 and not deterministic:
       h = h * jax.random.uniform(self.make_rng("dropout"), h.shape, jnp.float32, 1 - self.jitter, 1 + self.jitter)
-    scores = h @ centroids.T  # [T, N]
+    if self.affinity == "cosine":
+      if self.cosine_dim > 0:
+        h = nn.Dense(self.cosine_dim, use_bias=False, dtype=jnp.float32, param_dtype=jnp.float32,
+                     name="cosine_projection")(h)
+      logit_scale = self.param("logit_scale", nn.initializers.constant(-np.log(self.cosine_temperature)), (),
+                               jnp.float32)
+      scores = cosine_scores(h, centroids, logit_scale)
+      self.sow(METRICS, "router_temperature", jnp.exp(-jnp.minimum(logit_scale, np.log(MAX_LOGIT_SCALE))))
+    else:
+      scores = h @ centroids.T  # [T, N]
     learned, policy_metrics = self.policy.assign(
         scores, deterministic, needed=True if self.distilled is None else jnp.asarray(in_stage1))
     for name, value in policy_metrics.items():
@@ -230,18 +258,32 @@ class LearnedRouter(nn.Module):
     return Routing(expert_index=expert_index, gate=self.policy.gate(scores, expert_index))
 
 
+def cosine_scores(h: jax.Array, centroids: jax.Array, logit_scale: jax.Array, eps: float = 1e-4) -> jax.Array:
+  """X-MoE's affinities: ``cos(h_t, E_i) * exp(min(logit_scale, log MAX_LOGIT_SCALE))``, float32 [T, N].
+
+  Both sides are divided by ``max(norm, eps)`` (torch's ``F.normalize``) so a zero vector gives 0, not NaN.
+  """
+  def normalize(x):
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+  scale = jnp.exp(jnp.minimum(logit_scale, np.log(MAX_LOGIT_SCALE)))
+  return (normalize(h) @ normalize(centroids).T) * scale
+
+
 def StableMoERouter(num_experts: int, vocab_size: int, distill_dim: int = 50, balance_alpha: float = 0.3,  # noqa: N802
                     distill_weight: float = 1.0, centroid_gain: float = 0.1,
                     distilled: DistilledRouterSpec | None = None, name: str | None = None,
-                    balance_scope: str = "assigned") -> LearnedRouter:
+                    balance_scope: str = "assigned", z_loss_weight: float = 0.0, affinity: str = "dot",
+                    cosine_dim: int = 0, cosine_temperature: float = 0.5) -> LearnedRouter:
   """StableMoE (Dai et al., 2022, Sections 3.1-3.3) = the greedy-sigmoid router with its balance loss, two-staged.
 
   Stage 1: greedy top-1 on ``s = h E^T``, gate ``sigmoid(s[t, a_t])``, balance + distillation losses.
   Stage 2 and inference: the distilled router's argmax; the gate still uses E.
   """
   distilled = distilled or DistilledRouterSpec(dim=distill_dim, centroid_gain=centroid_gain)
-  return LearnedRouter(num_experts=num_experts, policy=GreedySigmoid(balance_alpha, balance_scope), vocab_size=vocab_size,
-                       distilled=distilled, distill_weight=distill_weight, centroid_gain=centroid_gain, name=name)
+  return LearnedRouter(num_experts=num_experts, policy=GreedySigmoid(balance_alpha, balance_scope, z_loss_weight),
+                       vocab_size=vocab_size, distilled=distilled, distill_weight=distill_weight,
+                       centroid_gain=centroid_gain, affinity=affinity, cosine_dim=cosine_dim,
+                       cosine_temperature=cosine_temperature, name=name)
 
 
 # --- the hash router --------------------------------------------------------------------------------------------
@@ -313,6 +355,9 @@ def _num_groups(moe_config) -> int:
 def _stablemoe(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
   return StableMoERouter(num_experts, vocab_size, balance_alpha=settings.balance_alpha,
                          balance_scope=settings.get("balance_scope", "assigned"),
+                         z_loss_weight=settings.get("z_loss_weight", 0.0), affinity=settings.get("affinity", "dot"),
+                         cosine_dim=settings.get("cosine_dim", 0),
+                         cosine_temperature=settings.get("cosine_temperature", 0.5),
                          distill_weight=_distilled_section(moe_config).distill_weight,
                          centroid_gain=settings.centroid_gain,
                          distilled=_distilled_spec(moe_config, settings.centroid_gain), name="router")
@@ -344,12 +389,24 @@ def _hash(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Modu
 
 
 def _check_stablemoe(s, moe_config) -> list[str]:
-  problems = [f"model.moe.stablemoe.{k}={s[k]} must be >= 0." for k in ("balance_alpha", "centroid_gain") if s[k] < 0]
-  scope = s.get("balance_scope", "assigned")
+  get = lambda key: s.get(key, STABLEMOE_DEFAULTS[key])
+  problems = [f"model.moe.stablemoe.{k}={get(k)} must be >= 0 (0 turns it off)." for k in
+              ("balance_alpha", "centroid_gain", "z_loss_weight", "cosine_dim") if get(k) < 0]
+  scope = get("balance_scope")
   if scope not in BALANCE_SCOPES:
     problems.append(f"model.moe.stablemoe.balance_scope={scope!r} is unknown; choose 'assigned' (the paper's "
                     f"Eq. 3) or 'all' (every token's gate; keeps the gate alive at small scale, README "
                     f"'Router health').")
+  if get("affinity") not in AFFINITIES:
+    problems.append(f"model.moe.stablemoe.affinity={get('affinity')!r} is unknown; choose 'dot' (the paper: h . E_i) "
+                    f"or 'cosine' (X-MoE: cos(P h, E_i) / a learned temperature).")
+  if not get("cosine_temperature") > 0:
+    problems.append(f"model.moe.stablemoe.cosine_temperature={get('cosine_temperature')} must be > 0 (the learned "
+                    f"temperature's initial value; tutel's cosine router starts at 0.5).")
+  if get("affinity") != "cosine":
+    problems += [f"model.moe.stablemoe.{k}={get(k)} applies only to cosine routing; add "
+                 f"--config.model.moe.stablemoe.affinity=cosine or drop the override."
+                 for k in ("cosine_dim", "cosine_temperature") if get(k) != STABLEMOE_DEFAULTS[k]]
   return problems
 
 
@@ -406,10 +463,15 @@ def _fill_hash(router_params, settings, num_experts, token_counts):
   return {**router_params, "table": jnp.asarray(table, jnp.float32)}
 
 
+# StableMoE's settings: the paper's wherever it has one; z_loss_weight and the cosine keys are deviations, off here.
+STABLEMOE_DEFAULTS = dict(balance_alpha=0.3, centroid_gain=0.1, balance_scope="assigned", z_loss_weight=0.0,
+                          affinity="dot", cosine_dim=0, cosine_temperature=0.5)
+
 ROUTERS: dict[str, RouterEntry] = {
     "stablemoe": RouterEntry(
-        _stablemoe, dict(balance_alpha=0.3, centroid_gain=0.1, balance_scope="assigned"), _check_stablemoe,
-        uses_distilled_router=lambda s: True, preset_keys=("balance_scope",)),
+        _stablemoe, STABLEMOE_DEFAULTS, _check_stablemoe, uses_distilled_router=lambda s: True,
+        preset_keys=("balance_scope", "z_loss_weight", "affinity", "cosine_dim",
+                     "cosine_temperature")),
     "switch": RouterEntry(
         _switch, dict(balance_weight=0.01, z_loss_weight=0.0, jitter=0.0, fixed_routing=False), _check_switch,
         uses_distilled_router=lambda s: s.fixed_routing),

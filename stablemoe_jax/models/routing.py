@@ -90,6 +90,14 @@ def stablemoe_balance_loss(scores: jax.Array, assignment: jax.Array, alpha: floa
   return alpha * jnp.sum(coefficients * gate_mass) / num_tokens
 
 
+def router_z_loss(scores: jax.Array, weights: jax.Array | None = None) -> jax.Array:
+  """The router z-loss of ST-MoE (Zoph et al., 2022): mean over the real tokens of ``logsumexp_i(s[t, i]) ** 2``.
+
+  scores float32 [T, N], weights float32 [T] or None -> scalar (unweighted: callers multiply their weight).
+  """
+  return masked_mean(jnp.square(jax.nn.logsumexp(scores, axis=-1)), weights)
+
+
 def expert_load(expert_index: jax.Array, num_experts: int, weights: jax.Array | None = None) -> jax.Array:
   """Fraction of tokens sent to each expert: float32 [N] from int32 [T] (only real tokens if weights [T])."""
   if weights is None:

@@ -1,0 +1,27 @@
+"""Every method at its best on the CPU default's budget: a learning-rate x warmup grid per method, 3 seeds at each
+method's choice (issue 22; docs/tuning.md).
+
+Run (resumable; finished runs' small files go to results/tune_cpu, commit them to carry the sweep on):
+  nice -n 5 python -m stablemoe_jax.compare --config configs/tune_cpu.py --workdir /work/runs/tune_cpu
+Report what has finished without training: add --config.compare.report_only=True.
+
+stablemoe_cosine (a deviation: X-MoE's cosine routing) is the one stabilizer whose probe kept the load even at
+lr 4e-3 (docs/tuning.md). Budget: configs/default.py's (850 steps of 16 x 128 tokens on PTB, 300 in stage 1), the same for every method;
+only train.learning_rate and train.warmup_steps vary, over the grid below. A setting whose MoE layer the collapse
+guard flags dead is not eligible.
+"""
+import ml_collections
+
+from configs import compare_cpu, default
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = default.get_config()
+  config.compare = compare_cpu.get_config().compare
+  config.compare.methods = "dense,stablemoe_all,stablemoe_cosine,stablemoe_assigned,hash,switch,base"
+  config.compare.seeds = 3
+  config.compare.grid.learning_rate = "4e-3,2e-3,1e-3"  # the likeliest winners first
+  config.compare.grid.warmup_steps = "400,40"
+  config.compare.grid.steps = 0  # select at the full 850 steps: the grid's run is seed 0 of its setting
+  config.compare.results_dir = "results/tune_cpu"
+  return config

@@ -1,0 +1,204 @@
+"""Each method at its best: a learning-rate x warmup grid per method, the choice on validation, seeds at the choice.
+
+With ``compare.grid.learning_rate`` and/or ``compare.grid.warmup_steps`` set (comma-separated values), the
+comparison command trains, for every method of ``compare.methods``:
+
+1. the grid: one run (seed ``config.seed``) per setting, under the selection budget ``compare.grid.steps``
+   (0: ``train.steps``; a shorter budget scales ``train.stage1_steps`` with it), in
+   ``DIR/<method>/<setting>/seed0`` (full budget) or ``DIR/<method>/<setting>/steps<N>_seed0``;
+2. the choice: the setting with the lowest validation perplexity among the runs whose MoE layers the collapse
+   guard left alive (a dense model always is); if every setting died, the lowest of all, marked;
+3. ``compare.seeds`` seeds at the choice under the full budget, in ``DIR/<method>/<setting>/seed<k>`` (with the
+   full budget the grid run is seed 0 and is not trained twice).
+
+Only ``train.learning_rate`` and ``train.warmup_steps`` vary between settings; every method trains under the
+same budget otherwise. Runs are resumable exactly as the comparison's: a run with a summary.json (in DIR or under
+``compare.results_dir``) is not redone, a killed one resumes from its checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import ml_collections
+
+from stablemoe_jax.compare import runner
+from stablemoe_jax.compare.methods import method_configs
+from stablemoe_jax.config_validation import ConfigError, validate_config
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  learning_rate: float
+  warmup_steps: int
+
+  @property
+  def name(self) -> str:
+    return f"lr{self.learning_rate:g}_warmup{self.warmup_steps}"
+
+  def as_dict(self) -> dict:
+    return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps, "name": self.name}
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+  settings: tuple[Setting, ...]
+  steps: int  # the selection budget
+
+
+def _values(text, kind, key: str) -> list:
+  values = []
+  for item in str(text or "").split(","):
+    if not item.strip():
+      continue
+    try:
+      value = kind(float(item)) if kind is int else kind(item)
+    except ValueError:
+      raise ConfigError(f"compare.grid.{key}={text!r}: {item.strip()!r} is not a number; give comma-separated "
+                        f"values, e.g. --config.compare.grid.{key}=1e-3,2e-3,4e-3.") from None
+    if kind is int and float(item) != value:
+      raise ConfigError(f"compare.grid.{key}={text!r}: {item.strip()!r} is not a whole number of steps.")
+    values.append(value)
+  if len(set(values)) != len(values):
+    raise ConfigError(f"compare.grid.{key}={text!r} names a value twice.")
+  return values
+
+
+def parse_grid(config: ml_collections.ConfigDict) -> Grid | None:
+  """The grid of ``compare.grid`` (None when neither list is set: the plain comparison)."""
+  section = config.compare.get("grid")
+  if section is None:
+    return None
+  rates = _values(section.get("learning_rate", ""), float, "learning_rate")
+  warmups = _values(section.get("warmup_steps", ""), int, "warmup_steps")
+  if not rates and not warmups:
+    return None
+  rates = rates or [float(config.train.learning_rate)]
+  warmups = warmups or [int(config.train.warmup_steps)]
+  steps = int(section.get("steps", 0) or config.train.steps)
+  if not 0 < steps <= config.train.steps:
+    raise ConfigError(f"compare.grid.steps={section.get('steps')} must lie in [0, train.steps={config.train.steps}] "
+                      f"(0: the full budget).")
+  for rate in rates:
+    if rate <= 0:
+      raise ConfigError(f"compare.grid.learning_rate: {rate:g} must be positive.")
+  for warmup in warmups:
+    if not 0 <= warmup < steps:
+      raise ConfigError(f"compare.grid.warmup_steps: {warmup} must lie in [0, {steps}) (the selection budget, "
+                        f"compare.grid.steps or train.steps).")
+  return Grid(tuple(Setting(r, w) for r in rates for w in warmups), steps)
+
+
+def setting_config(method_config: ml_collections.ConfigDict, setting: Setting, steps: int,
+                   seed: int) -> ml_collections.ConfigDict:
+  """The method's config at ``setting``, ``steps`` long (stage 1 scaled with it), seed ``seed``; validated."""
+  config = ml_collections.ConfigDict(method_config.to_dict())
+  train = config.train
+  train.learning_rate, train.warmup_steps = float(setting.learning_rate), int(setting.warmup_steps)
+  if steps != train.steps:
+    train.stage1_steps = int(round(train.stage1_steps * steps / train.steps))
+    train.eval_every = min(train.eval_every, steps)
+    train.checkpoint_every = min(train.checkpoint_every, steps)
+    train.steps = steps
+  config.seed = seed
+  validate_config(config)
+  return config
+
+
+def grid_relative(method: str, setting: Setting, grid: Grid, full_steps: int) -> str:
+  suffix = "seed0" if grid.steps == full_steps else f"steps{grid.steps}_seed0"
+  return f"{method}/{setting.name}/{suffix}"
+
+
+def is_alive(summary: dict) -> bool:
+  """False when the collapse guard flagged a MoE layer of the run dead (a dense model is always alive)."""
+  health = summary.get("health") or {}
+  return not health.get("dead_layers")
+
+
+def choose(cells: list[dict]) -> dict | None:
+  """The finished grid cell with the lowest valid perplexity among the live ones (else among all, marked)."""
+  finished = [c for c in cells if c.get("valid_ppl") is not None]
+  if not finished or len(finished) < len(cells):
+    return None
+  alive = [c for c in finished if c["alive"]]
+  pool = alive or finished
+  best = min(pool, key=lambda c: c["valid_ppl"])
+  return {**best["setting"], "every_setting_dead": not alive}
+
+
+def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=print,
+              train: bool = True) -> dict:
+  """Runs (or, with ``train`` false, only collects) every method's grid and its seeds at the choice.
+
+  Returns {"grid": {method: [cell, ...]}, "choices": {method: setting dict or None}, "records": [seeded run
+  records, as runner.run_all's, each with its "setting"]}. A cell: {"setting", "valid_ppl", "test_ppl",
+  "alive", "dead_layers", "workdir", "status"} (valid_ppl None while unfinished).
+  """
+  workdir = pathlib.Path(workdir)
+  grid = parse_grid(config)
+  if grid is None:
+    raise ConfigError("the sweep needs compare.grid.learning_rate and/or compare.grid.warmup_steps.")
+  configs = method_configs(config)
+  seeds = config.compare.seeds
+  full = config.train.steps
+  plans = {}
+  for name, method_config in configs.items():  # every run's config checked before the first run starts
+    try:
+      plans[name] = {s: setting_config(method_config, s, grid.steps, config.seed) for s in grid.settings}
+      for s in grid.settings:
+        setting_config(method_config, s, full, config.seed)
+    except ConfigError as error:
+      raise ConfigError(f"method {name!r}: {error}") from error
+  exported_root = runner.results_dir(config)
+  extra_seeds = seeds - (1 if grid.steps == full else 0)
+  total = len(configs) * (len(grid.settings) + extra_seeds)
+  counter = iter(range(1, total + 1))
+  result = {"grid": {}, "choices": {}, "records": [], "selection_steps": grid.steps,
+            "settings": [s.as_dict() for s in grid.settings]}
+  for name, method_config in configs.items():
+    cells, grid_runs = [], {}
+    for setting in grid.settings:
+      relative = grid_relative(name, setting, grid, full)
+      tag = f"[{next(counter)}/{total}] {name} grid {setting.name}"
+      found = runner.train_run(plans[name][setting], workdir, relative, log, tag, exported_root, train)
+      cell = {"setting": setting.as_dict(), "valid_ppl": None, "test_ppl": None, "alive": None, "dead_layers": [],
+              "workdir": str(workdir / relative), "status": "not run yet"}
+      if found is not None:
+        summary, source, status = found
+        runner.log_result(log, tag, status, summary)
+        grid_runs[setting] = (summary, source)
+        cell.update(valid_ppl=summary["valid"]["perplexity"], test_ppl=summary["test"]["perplexity"],
+                    alive=is_alive(summary), dead_layers=(summary.get("health") or {}).get("dead_layers", []),
+                    workdir=str(source), status=status)
+      cells.append(cell)
+    result["grid"][name] = cells
+    choice = choose(cells)
+    result["choices"][name] = choice
+    if choice is None:
+      log(f"{name}: the grid is not finished; no choice and no seeds yet.", flush=True)
+      continue
+    chosen = next(s for s in grid.settings if s.name == choice["name"])
+    log(f"{name}: chose {chosen.name} (valid ppl {min(c['valid_ppl'] for c in cells if c['setting']['name'] == chosen.name):.2f}"
+        f"{', every setting dead' if choice['every_setting_dead'] else ''})", flush=True)
+    costs = None
+    for k in range(seeds):
+      run_config = setting_config(method_config, chosen, full, config.seed + k)
+      relative = f"{name}/{chosen.name}/seed{k}"
+      if k == 0 and grid.steps == full:
+        summary, source = grid_runs[chosen]
+        status = "the grid's run"
+      else:
+        tag = f"[{next(counter)}/{total}] {name} {chosen.name} seed {k}"
+        found = runner.train_run(run_config, workdir, relative, log, tag, exported_root, train)
+        if found is None:
+          continue
+        summary, source, status = found
+        runner.log_result(log, tag, status, summary)
+      if costs is None:
+        costs = runner.model_costs(run_config, workdir / relative)
+      record = runner.run_record(name, run_config, k, source, summary, costs)
+      record["setting"] = chosen.as_dict()
+      result["records"].append(record)
+  return result
+

@@ -1,0 +1,200 @@
+"""The tuned comparison (compare/sweep.py): the grid, the choice on validation among live runs, seeds at the choice,
+resumption (in DIR and from a committed results folder), the report. Training is replaced by a fake that writes a
+summary from the setting, so the logic is checked in seconds; one slow test trains the tiny config for real."""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+
+import ml_collections
+import pytest
+
+from stablemoe_jax.compare import report, runner, sweep
+from stablemoe_jax.compare.methods import method_configs
+from stablemoe_jax.config_validation import ConfigError
+
+
+def _sweep_config(tiny_config, methods="dense,stablemoe_all", seeds=2, rates="3e-3,1e-2", warmups="2,4",
+                  steps=0):
+  config = ml_collections.ConfigDict(tiny_config.to_dict())
+  config.compare = ml_collections.ConfigDict({
+      "methods": methods, "seeds": seeds, "results_dir": "", "report_only": False,
+      "grid": {"learning_rate": rates, "warmup_steps": warmups, "steps": steps}})
+  return config
+
+
+def _fake_valid(config) -> float:
+  """A made-up validation perplexity: best at lr 1e-2 / warmup 2 for dense, lr 3e-3 / warmup 4 for StableMoE."""
+  lr, warmup = config.train.learning_rate, config.train.warmup_steps
+  if config.model.moe.enabled:
+    return 100 + 1000 * abs(lr - 3e-3) + abs(warmup - 4) + config.seed
+  return 100 + 1000 * abs(lr - 1e-2) + abs(warmup - 2) + config.seed
+
+
+@pytest.fixture
+def fake_training(monkeypatch):
+  """Replaces training by writing a summary; the StableMoE run at lr 3e-3 / warmup 4 (its best) is dead."""
+  trained = []
+
+  def train_and_evaluate(config, workdir):
+    trained.append((str(workdir), config.train.steps, config.train.stage1_steps, config.seed))
+    valid = _fake_valid(config)
+    dead = ["moe_2"] if (config.model.moe.enabled and config.train.learning_rate == 3e-3
+                         and config.train.warmup_steps == 4) else []
+    summary = {"steps": config.train.steps, "stage1_steps": config.train.stage1_steps, "train_seconds": 1.0,
+               "tokens_per_second": 10.0, "distill_agreement_at_boundary": None,
+               "valid": {"perplexity": valid, "loss": math.log(valid)},
+               "test": {"perplexity": valid - 5, "loss": math.log(valid - 5)},
+               "health": {"ok": not dead, "dead_layers": dead, "layers": {}, "contribution": {}}}
+    (workdir / "summary.json").write_text(json.dumps(summary))
+    (workdir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+    return summary
+
+  monkeypatch.setattr(runner.loop, "train_and_evaluate", train_and_evaluate)
+  monkeypatch.setattr(runner, "model_costs", lambda config, directory: {
+      "shared_params": 1, "expert_params": 2 * config.model.moe.enabled, "total_params": 3, "flops_per_token": 4})
+  return trained
+
+
+def test_grid_choice_seeds_resume_and_report(tiny_config, tmp_path, fake_training):
+  config = _sweep_config(tiny_config)
+  lines = []
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: lines.append(line))
+  # 2 methods x 4 settings, then 1 more seed each at the choice (the grid's run is seed 0: full budget).
+  assert len(fake_training) == 2 * 4 + 2
+  assert result["choices"]["dense"]["name"] == "lr0.01_warmup2"
+  # StableMoE's best setting died, so it is not eligible: the next best live one is chosen.
+  stable_cells = {c["setting"]["name"]: c for c in result["grid"]["stablemoe_all"]}
+  assert not stable_cells["lr0.003_warmup4"]["alive"]
+  live = {n: c["valid_ppl"] for n, c in stable_cells.items() if c["alive"]}
+  assert result["choices"]["stablemoe_all"]["name"] == min(live, key=live.get) == "lr0.003_warmup2"
+  assert not result["choices"]["stablemoe_all"]["every_setting_dead"]
+  # Seeds at the choice, under the full budget, seeds config.seed + k.
+  seeded = [(r["method"], r["seed"], r["setting"]["name"]) for r in result["records"]]
+  assert seeded == [("dense", 0, "lr0.01_warmup2"), ("dense", 1, "lr0.01_warmup2"),
+                    ("stablemoe_all", 0, "lr0.003_warmup2"), ("stablemoe_all", 1, "lr0.003_warmup2")]
+  assert (tmp_path / "dense" / "lr0.01_warmup2" / "seed1" / "summary.json").exists()
+  assert all(steps == config.train.steps for _, steps, _, _ in fake_training)
+
+  rows = report.write_sweep_reports(config, result, tmp_path)
+  table = (tmp_path / "comparison.md").read_text()
+  assert "| lr 0.003, warmup 2 | lr 0.003, warmup 4 |" in table
+  assert f"{stable_cells['lr0.003_warmup4']['valid_ppl']:.2f} (DEAD)" in table
+  dense_line = next(line for line in table.splitlines() if line.startswith("| dense"))
+  assert dense_line.endswith("| lr 0.01, warmup 2 |")  # its choice cell
+  dense = rows[0]
+  assert dense["valid_ppl"] == [_fake_valid_at(config, 1e-2, 2, 0, False), _fake_valid_at(config, 1e-2, 2, 1, False)]
+  assert f"{dense['valid_ppl_mean']:.2f} ± {dense['valid_ppl_std']:.2f}" in table
+  saved = json.loads((tmp_path / "comparison.json").read_text())
+  assert saved["choices"]["dense"]["name"] == "lr0.01_warmup2" and len(saved["grid"]["stablemoe_all"]) == 4
+
+  # Rerun: nothing is trained again, the same result.
+  fake_training.clear()
+  again = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)
+  assert not fake_training and again["choices"] == result["choices"]
+  assert [r["summary"] for r in again["records"]] == [r["summary"] for r in result["records"]]
+
+
+def _fake_valid_at(config, lr, warmup, seed, moe):
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.train.learning_rate, c.train.warmup_steps, c.seed, c.model.moe.enabled = lr, warmup, seed, moe
+  return _fake_valid(c)
+
+
+def test_results_folder_carries_the_sweep_to_a_new_machine(tiny_config, tmp_path, fake_training):
+  config = _sweep_config(tiny_config, methods="dense", seeds=2, rates="3e-3,1e-2", warmups="2")
+  config.compare.results_dir = str(tmp_path / "results")
+  first = sweep.run_sweep(config, tmp_path / "machine1", log=lambda line, **_: None)
+  assert len(fake_training) == 3
+  exported = tmp_path / "results" / "dense" / "lr0.01_warmup2" / "seed1"
+  assert sorted(p.name for p in exported.iterdir()) == ["metrics.jsonl", "summary.json"]
+  # A new machine: an empty workdir; only the committed results folder.
+  fake_training.clear()
+  lines = []
+  second = sweep.run_sweep(config, tmp_path / "machine2", log=lambda line, **_: lines.append(line))
+  assert not fake_training and second["choices"] == first["choices"]
+  assert [r["summary"] for r in second["records"]] == [r["summary"] for r in first["records"]]
+  assert any(f"finished earlier ({tmp_path / 'results'}" in line for line in lines)
+
+
+def test_report_only_trains_nothing_and_reports_an_unfinished_grid(tiny_config, tmp_path, fake_training):
+  config = _sweep_config(tiny_config, methods="dense", seeds=1, rates="3e-3,1e-2", warmups="2")
+  sweep.run_sweep(ml_collections.ConfigDict({**config.to_dict(), "compare": {
+      **config.compare.to_dict(), "grid": {"learning_rate": "3e-3", "warmup_steps": "2", "steps": 0}}}),
+      tmp_path, log=lambda line, **_: None)  # only the first setting of the grid below has run
+  fake_training.clear()
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None, train=False)
+  assert not fake_training and result["choices"]["dense"] is None and not result["records"]
+  report.write_sweep_reports(config, result, tmp_path)
+  table = (tmp_path / "comparison.md").read_text()
+  assert "| dense Transformer (same shared layers) | 107.00 | -- | grid not finished |" in table
+
+
+def test_a_run_another_process_is_training_is_skipped_not_trained_twice(tiny_config, tmp_path, fake_training):
+  config = _sweep_config(tiny_config, methods="dense", seeds=1, rates="3e-3,1e-2", warmups="2")
+  busy = tmp_path / "dense" / "lr0.003_warmup2" / "seed0"
+  busy.mkdir(parents=True)
+  with open(busy / runner.LOCK_FILE, "a") as handle:  # another comparison command holds this run
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    lines = []
+    result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: lines.append(line))
+    fcntl.flock(handle, fcntl.LOCK_UN)
+  assert [t[0] for t in fake_training] == [str(tmp_path / "dense" / "lr0.01_warmup2" / "seed0")]
+  assert any("another process is training it" in line for line in lines) and result["choices"]["dense"] is None
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)  # released: now it trains
+  assert len(fake_training) == 2 and result["choices"]["dense"]["name"] == "lr0.01_warmup2"
+
+
+def test_shorter_selection_budget_scales_stage1_and_runs_seed0_again_at_full_budget(tiny_config, tmp_path,
+                                                                                 fake_training):
+  config = _sweep_config(tiny_config, methods="stablemoe_all", seeds=1, rates="3e-3", warmups="2", steps=6)
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)
+  (grid_dir, grid_steps, grid_stage1, _), (seed_dir, seed_steps, seed_stage1, _) = fake_training
+  assert grid_dir.endswith("stablemoe_all/lr0.003_warmup2/steps6_seed0") and (grid_steps, grid_stage1) == (6, 2)
+  assert seed_dir.endswith("stablemoe_all/lr0.003_warmup2/seed0") and (seed_steps, seed_stage1) == (12, 5)
+  assert result["records"][0]["summary"]["steps"] == 12
+
+
+@pytest.mark.parametrize("grid, message", [
+    ({"learning_rate": "1e-3,x"}, "'x' is not a number"),
+    ({"learning_rate": "1e-3,1e-3"}, "names a value twice"),
+    ({"warmup_steps": "2.5"}, "is not a whole number"),
+    ({"warmup_steps": "20"}, "warmup_steps: 20 must lie in"),
+    ({"learning_rate": "-1"}, "must be positive"),
+    ({"learning_rate": "1e-3", "steps": 99}, "compare.grid.steps=99 must lie in"),
+])
+def test_bad_grids_are_one_clear_error_before_any_training(tiny_config, tmp_path, fake_training, grid, message):
+  config = _sweep_config(tiny_config, rates="", warmups="")
+  for key, value in grid.items():
+    config.compare.grid[key] = value
+  with pytest.raises(ConfigError, match=message):
+    sweep.run_sweep(config, tmp_path)
+  assert not fake_training
+
+
+def test_tune_cpu_preset_validates_every_method_and_setting():
+  from configs import tune_cpu  # pylint: disable=import-outside-toplevel
+  config = tune_cpu.get_config()
+  grid = sweep.parse_grid(config)
+  assert len(grid.settings) == 6 and grid.steps == config.train.steps == 850
+  for name, method_config in method_configs(config).items():
+    for setting in grid.settings:
+      assert sweep.setting_config(method_config, setting, grid.steps, 0).train.learning_rate == setting.learning_rate
+
+
+def test_no_grid_is_the_plain_comparison(tiny_config):
+  assert sweep.parse_grid(_sweep_config(tiny_config, rates="", warmups="")) is None
+
+
+@pytest.mark.slow
+def test_tiny_sweep_trains_for_real(tiny_config, tmp_path):
+  config = _sweep_config(tiny_config, methods="stablemoe_all", seeds=2, rates="3e-3,1e-2", warmups="2")
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)
+  cells = result["grid"]["stablemoe_all"]
+  best = min((c for c in cells if c["alive"]), key=lambda c: c["valid_ppl"])
+  assert result["choices"]["stablemoe_all"]["name"] == best["setting"]["name"]
+  assert [r["seed"] for r in result["records"]] == [0, 1]
+  assert result["records"][0]["summary"]["valid"]["perplexity"] == best["valid_ppl"]
+  rows = report.write_sweep_reports(config, result, tmp_path)
+  assert rows[0]["health"] is not None and (tmp_path / "convergence.png").exists()

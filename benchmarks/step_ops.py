@@ -29,7 +29,7 @@ from benchmarks import reference_gpt2
 from benchmarks.op_counts import hlo_counts, jaxpr_counts
 from benchmarks.throughput import (DENSE_OVERRIDES, DEFAULT_VOCAB_SIZE, Case, apply_overrides, parse_cases,
                                    synthetic_batch)
-from stablemoe_jax.config_validation import validate_config
+from stablemoe_jax.config_validation import ConfigError, validate_config
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.train.optimizer import make_optimizer
@@ -112,11 +112,16 @@ def main() -> None:
   def run(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    for row in step_rows(config.value, parse_cases(cases.value) if cases.value else [], compiled=compiled.value):
+    try:
+      rows = step_rows(config.value, parse_cases(cases.value) if cases.value else [], compiled=compiled.value)
+    except (ConfigError, ValueError) as error:  # bad cases or config: one line, exit status 2
+      print(f"error: {error}", file=sys.stderr)
+      sys.exit(2)
+    for row in rows:
       print(json.dumps(row), flush=True)
 
   app.run(run)
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  main()

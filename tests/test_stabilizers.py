@@ -34,6 +34,7 @@ def _apply(router, params, h, ids=None, stage1=True):
 
 # --- the expert bias init ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # 21 s on 2 cores (-n 2)
 def test_torch_bias_init_bounds_and_layer_output_hand_computed():
   params = FFNExperts(E, SUB, FF, bias_init="torch").init(jax.random.key(0), D)["params"]
   p = jax.tree.map(np.asarray, nn.unbox(params))

@@ -27,9 +27,9 @@ import ml_collections
 
 from benchmarks import reference_gpt2
 from benchmarks.op_counts import hlo_counts, jaxpr_counts
-from benchmarks.throughput import (DENSE_OVERRIDES, DEFAULT_VOCAB_SIZE, Case, apply_overrides, parse_cases,
+from benchmarks.throughput import (DENSE_OVERRIDES, DEFAULT_VOCAB_SIZE, Case, case_config, parse_cases,
                                    synthetic_batch)
-from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.config_validation import ConfigError
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.train.optimizer import make_optimizer
@@ -47,10 +47,7 @@ def _xla_flops(compiled) -> float | None:
 
 def project_step(base: ml_collections.ConfigDict, overrides: dict, vocab_size: int = DEFAULT_VOCAB_SIZE):
   """(config, mesh, jitted step, abstract state, batch) of ``main``'s train step for the config + overrides."""
-  config = apply_overrides(base, overrides)
-  if not config.model.vocab_size:
-    config.model.vocab_size = vocab_size
-  validate_config(config)
+  config = case_config(base, overrides, vocab_size)
   mesh = mesh_lib.make_mesh(config.mesh)
   model, tx = TransformerLM(config.model), make_optimizer(config.train)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)

@@ -131,6 +131,16 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]
   return config
 
 
+def case_config(base: ml_collections.ConfigDict, overrides: dict[str, Any],
+                vocab_size: int = DEFAULT_VOCAB_SIZE) -> ml_collections.ConfigDict:
+  """``base`` with ``overrides``, ``model.vocab_size`` 0 filled with ``vocab_size``, validated."""
+  config = apply_overrides(base, overrides)
+  if not config.model.vocab_size:
+    config.model.vocab_size = vocab_size
+  validate_config(config)
+  return config
+
+
 def peak_flops_per_s(device_kind: str, dtype: str) -> float | None:
   """The device's dense peak for ``dtype`` (bf16/fp16 or float32) from ``PEAK_FLOPS``; None if unknown."""
   for name, half, single in PEAK_FLOPS:
@@ -210,10 +220,7 @@ class Prepared:
 def prepare_case(base: ml_collections.ConfigDict, case: Case, vocab_size: int = DEFAULT_VOCAB_SIZE,
                  num_batches: int = 2) -> Prepared:
   """Builds the case's model, optimizer and state as ``main`` does, and compiles its train step."""
-  config = apply_overrides(base, case.overrides)
-  if not config.model.vocab_size:
-    config.model.vocab_size = vocab_size
-  validate_config(config)
+  config = case_config(base, case.overrides, vocab_size)
   check_backend(config, jax.default_backend())
   mesh_lib.check_layout(config, jax.device_count())
   mesh = mesh_lib.make_mesh(config.mesh)
@@ -238,10 +245,7 @@ def prepare_case(base: ml_collections.ConfigDict, case: Case, vocab_size: int = 
 def prepare_reference(base: ml_collections.ConfigDict, vocab_size: int = DEFAULT_VOCAB_SIZE,
                       num_batches: int = 2) -> Prepared:
   """The plain JAX/Flax GPT-2 step (``benchmarks/reference_gpt2.py``) at the dense backbone's shapes, compiled."""
-  config = apply_overrides(base, DENSE_OVERRIDES)
-  if not config.model.vocab_size:
-    config.model.vocab_size = vocab_size
-  validate_config(config)
+  config = case_config(base, DENSE_OVERRIDES, vocab_size)
   shape = reference_gpt2.shape_from_config(config)
   model, tx = reference_gpt2.GPT2(shape), reference_gpt2.make_optimizer(config.train)
   state = reference_gpt2.init_state(model, tx, config.seed)

@@ -127,6 +127,9 @@ def get_config() -> ml_collections.ConfigDict:
   # 0 (or eval.seq_len): non-overlapping blocks, mean context ~seq_len / 2. 0 < stride < seq_len: sliding
   # windows advancing by stride, each token scored once with >= seq_len - stride tokens of context.
   config.eval.stride = 0
+  # > 0: the final and --mode=eval evaluations score only each split's first N batches (quick checks; the summary
+  # says so under "eval"). 0: the whole split, as every reported result.
+  config.eval.max_batches = 0
 
   # Router health (README "Router health"): the collapse guard over each MoE layer's logged health metrics,
   # and the contribution measure. The defaults must equal stablemoe_jax/train/health.py DEFAULTS.

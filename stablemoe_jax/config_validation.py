@@ -55,6 +55,8 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
   _require(0 <= stride <= config.eval.seq_len,
            f"eval.stride={stride} must lie in [0, eval.seq_len={config.eval.seq_len}]; 0 or eval.seq_len scores "
            f"non-overlapping blocks, a smaller stride sliding windows (e.g. --config.eval.stride=64).")
+  _require(config.eval.get("max_batches", 0) >= 0,
+           f"eval.max_batches={config.eval.get('max_batches')} must be >= 0 (0: the whole split).")
   model_checks.check_model(config, data_vocab_size)
   health_lib.check_config(config)
   analysis_checks.check_config(config)

@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import MAIN, REPO, make_tiny_config, tiny_flags
+from conftest import MAIN, REPO, make_tiny_config, tiny_flags, xla_flags
 
 from stablemoe_jax.data.lm.pipeline import load_lm_data
 
@@ -76,7 +76,7 @@ def test_cpu_device_count_from_flag_or_xla_flags(prepared_workdir, how):
   if how == "flag":
     args.append("--cpu_devices=4")
   else:
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    env["XLA_FLAGS"] = xla_flags(4)
   result = run_main(args, env=env)
   devices = ", ".join(f"CpuDevice(id={i})" for i in range(4))
   assert f"1 process(es), devices: [{devices}]" in result.stdout, result.stderr

@@ -55,7 +55,7 @@ def test_sliding_evaluation_equals_a_per_window_reference(tiny_config, tmp_path)
   seq_len, stride, batch_size, max_batches = 16, 4, 8, 3
   tiny_config.eval.seq_len, tiny_config.eval.stride, tiny_config.eval.batch_size = seq_len, stride, batch_size
   exp = loop.Experiment(tiny_config, tmp_path)
-  assert exp.eval_mode() == {"mode": "sliding", "seq_len": 16, "stride": 4}
+  assert exp.eval_mode() == {"mode": "sliding", "seq_len": 16, "stride": 4, "max_batches": 4}  # conftest's prefix
   params = exp.init_state().params
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(1), len(leaves))  # perturb, so the zero-initialised experts matter

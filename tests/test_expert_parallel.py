@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from conftest import MAIN, REPO, make_tiny_config
+from conftest import MAIN, REPO, make_tiny_config, xla_flags
 
 from stablemoe_jax.config_validation import ConfigError, validate_config
 from stablemoe_jax.models import dispatch
@@ -28,7 +28,7 @@ LAYOUTS = ("expert4", "data2_expert2")  # compared with "one_device"
 
 
 def run_python(args: list[str], devices: int, timeout: int = 600, env_extra: dict | None = None):
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
+  env = {**os.environ, "XLA_FLAGS": xla_flags(devices), "JAX_PLATFORMS": "cpu",
          "PYTHONPATH": str(REPO), **(env_extra or {})}
   return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -257,7 +257,7 @@ def test_two_processes_of_two_devices_equal_one_process_of_four(resharded_runs, 
     port = s.getsockname()[1]
   code = MULTIPROCESS.format(port=port, tests=str(REPO / "tests"), data=str(ptb_dir), workdir=str(tmp_path / "mp"))
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = xla_flags()  # no forced device count: jax_num_cpu_devices gives each process 2
   procs = [subprocess.Popen([sys.executable, "-c", code, str(i)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True) for i in range(2)]
   outputs = [p.communicate(timeout=600) for p in procs]

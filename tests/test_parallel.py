@@ -9,7 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import MAIN, REPO, tiny_flags
+from conftest import MAIN, REPO, tiny_flags, xla_flags
 
 from stablemoe_jax.train import loop
 from stablemoe_jax.train.step import make_train_step
@@ -27,7 +27,7 @@ print("SUMMARY" + json.dumps(loop.train_and_evaluate(config, {workdir!r})))
 
 
 def run_tiny(ptb_dir, workdir, devices):
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": xla_flags(devices), "JAX_PLATFORMS": "cpu"}
   code = TRAIN_TINY.format(tests=str(REPO / "tests"), data=str(ptb_dir), workdir=str(workdir))
   result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)

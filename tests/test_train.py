@@ -165,6 +165,11 @@ def test_eval_mode_restores_checkpoint_and_reproduces_final_perplexity(uninterru
   config, workdir, summary = uninterrupted
   result = loop.evaluate_checkpoint(config, workdir, split="test")
   assert result["step"] == 12 and result["perplexity"] == summary["test"]["perplexity"]
+  # The tiny config's final evaluations score 4 batches of 64 x 16 tokens (eval.max_batches), and say so.
+  assert summary["valid"]["tokens"] == result["tokens"] == 4 * 64 * 16 and summary["eval"]["max_batches"] == 4
+  whole = config.copy_and_resolve_references()
+  whole.eval.max_batches = 0  # every target of PTB's valid split but its first token: 73,760 - 1
+  assert loop.evaluate_checkpoint(whole, workdir)["tokens"] == 73759
   earlier = loop.evaluate_checkpoint(config, workdir, step=4)
   assert earlier["perplexity"] > summary["valid"]["perplexity"]
   with pytest.raises(FileNotFoundError, match="available steps"):
@@ -184,7 +189,7 @@ def test_short_real_data_run_lowers_the_loss(tiny_config, tmp_path):
   tiny_config.model.d_model, tiny_config.model.d_ff = 64, 128
   tiny_config.train.steps, tiny_config.train.stage1_steps, tiny_config.train.warmup_steps = 60, 20, 5
   tiny_config.train.batch_size, tiny_config.train.log_every, tiny_config.train.eval_every = 8, 10, 1000
-  tiny_config.train.checkpoint_every = 60
+  tiny_config.train.checkpoint_every, tiny_config.eval.max_batches = 60, 0  # the unigram below scores all of valid
   summary = loop.train_and_evaluate(tiny_config, tmp_path)
   records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   losses = [r["task_loss"] for r in records if "task_loss" in r]
@@ -233,6 +238,7 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_no_bad_checkpoint(tiny_conf
     ("model.moe.capacity_factor", 0.0, "capacity_factor=0.0 must be > 0"),
     ("model.moe.placement", "sideways", "placement='sideways' is unknown"),
     ("train.seq_len", 32, "train.seq_len=32 must lie in"),
+    ("eval.max_batches", -1, "eval.max_batches=-1 must be >= 0"),
 ])
 def test_inconsistent_config_is_refused(tiny_config, key, value, message):
   section, name = key.rsplit(".", 1)

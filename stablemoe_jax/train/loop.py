@@ -131,8 +131,15 @@ class Experiment:
     return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "tokens": int(tokens)}
 
   def eval_mode(self) -> dict:
-    """How ``evaluate`` scores a split (the language model: non-overlapping blocks or sliding windows)."""
-    return self.task.eval_description(self.config)
+    """How ``evaluate`` scores a split (the language model: non-overlapping blocks or sliding windows), and
+    ``max_batches`` when the final evaluations score only a prefix (``eval.max_batches``)."""
+    prefix = self.final_eval_batches
+    return {**self.task.eval_description(self.config), **({"max_batches": prefix} if prefix else {})}
+
+  @property
+  def final_eval_batches(self) -> int:
+    """The final and ``--mode=eval`` evaluations' batches per split (``eval.max_batches``; 0: the whole split)."""
+    return int(self.config.eval.get("max_batches", 0))
 
   def routing_agreement(self, params, split: str = "valid", max_batches: int = 0) -> float | None:
     """Share of ``split``'s tokens whose distilled-router expert equals the learned (stage-1) expert.
@@ -271,8 +278,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         "tokens_per_second": round(train_cfg.steps * tokens_per_step / max(train_seconds, 1e-9), 1),
         "distill_agreement_at_boundary": last_logged(exp.workdir, "distill_agreement_at_boundary", train_cfg.steps),
         "eval": exp.eval_mode(),
-        "valid": exp.evaluate(state.params, "valid"),
-        "test": exp.evaluate(state.params, "test"),
+        "valid": exp.evaluate(state.params, "valid", exp.final_eval_batches),
+        "test": exp.evaluate(state.params, "test", exp.final_eval_batches),
         "health": {**guard.summary(), "contribution": experiment_contributions(exp, state.params, "valid")},
     }
     summary.update(exp.task.final_report(exp, state.params))
@@ -296,7 +303,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathli
   exp = Experiment(config, workdir)
   try:
     step, state = exp.restore_for_evaluation(step)
-    result = {"step": step, "split": split, **exp.evaluate(state.params, split),
+    result = {"step": step, "split": split, **exp.evaluate(state.params, split, exp.final_eval_batches),
               **exp.task.final_report(exp, state.params, split)}
   finally:
     exp.checkpointer.close()

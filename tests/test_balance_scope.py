@@ -86,7 +86,6 @@ def test_unknown_scope_is_refused():
 # model 1.75x slower.
 DEFAULT_80_STEPS = """
 import json, sys
-import jax
 from configs import default
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.train.loop import Experiment

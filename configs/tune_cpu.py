@@ -4,6 +4,8 @@ method's choice (issue 22; docs/tuning.md).
 Run (resumable; finished runs' small files go to results/tune_cpu, commit them to carry the sweep on):
   nice -n 5 python -m stablemoe_jax.compare --config configs/tune_cpu.py --workdir /work/runs/tune_cpu
 Report what has finished without training: add --config.compare.report_only=True.
+Several workers on one GPU (how results/tune_h100 was made; docs/tuning.md):
+  WORKERS=10 bash launch/sweep_workers.sh configs/tune_cpu.py /tmp/tune --config.compare.results_dir=results/tune_h100
 
 stablemoe_cosine (a deviation: X-MoE's cosine routing) is the one stabilizer whose probe kept the load even at
 lr 4e-3 (docs/tuning.md). Budget: configs/default.py's (850 steps of 16 x 128 tokens on PTB, 300 in stage 1), the same for every method;

@@ -47,6 +47,8 @@ def fake_training(monkeypatch):
                "valid": {"perplexity": valid, "loss": math.log(valid)},
                "test": {"perplexity": valid - 5, "loss": math.log(valid - 5)},
                "health": {"ok": not dead, "dead_layers": dead, "layers": {}, "contribution": {}}}
+    if config.seed == 0:  # seed 1 stands for a run from before summaries recorded their device
+      summary["device"] = {"platform": "gpu", "kind": "NVIDIA H100 80GB HBM3", "count": 1, "processes": 1}
     (workdir / "summary.json").write_text(json.dumps(summary))
     (workdir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
     return summary
@@ -86,6 +88,9 @@ def test_grid_choice_seeds_resume_and_report(tiny_config, tmp_path, fake_trainin
   dense = rows[0]
   assert dense["valid_ppl"] == [_fake_valid_at(config, 1e-2, 2, 0, False), _fake_valid_at(config, 1e-2, 2, 1, False)]
   assert f"{dense['valid_ppl_mean']:.2f} ± {dense['valid_ppl_std']:.2f}" in table
+  # 4 + 4 grid runs of seed 0 on the "GPU", each method's seed 1 unrecorded; rows count seeded runs only.
+  assert ("Trained on: 1 x NVIDIA H100 80GB HBM3 (2 runs), unrecorded (2 runs). The speed columns mix devices"
+          in table)
   saved = json.loads((tmp_path / "comparison.json").read_text())
   assert saved["choices"]["dense"]["name"] == "lr0.01_warmup2" and len(saved["grid"]["stablemoe_all"]) == 4
 
@@ -198,3 +203,5 @@ def test_tiny_sweep_trains_for_real(tiny_config, tmp_path):
   assert result["records"][0]["summary"]["valid"]["perplexity"] == best["valid_ppl"]
   rows = report.write_sweep_reports(config, result, tmp_path)
   assert rows[0]["health"] is not None and (tmp_path / "convergence.png").exists()
+  assert result["records"][0]["summary"]["device"] == {"platform": "cpu", "kind": "cpu", "count": 1, "processes": 1}
+  assert "Trained on: 1 x cpu (2 runs).\n" in (tmp_path / "comparison.md").read_text()

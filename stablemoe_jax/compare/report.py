@@ -110,9 +110,26 @@ def method_rows(records: list[dict]) -> list[dict]:
         "fluctuation": _mean_shares([r.get("fluctuation") for r in runs]),
         "health": _method_health(runs),
         "eval": summaries[0].get("eval"),
+        "devices": [_device_label(s) for s in summaries],
         "curve": _mean_curve([r["curve"] for r in runs]),
     })
   return result
+
+
+def _device_label(summary: dict) -> str:
+  device = summary.get("device")
+  return f"{device['count']} x {device['kind']}" if device else "unrecorded"
+
+
+def _devices_note(rows: list[dict]) -> str:
+  """Where the runs trained: tokens/s and wall time compare like with like only on one kind of device."""
+  counts: dict[str, int] = {}
+  for row in rows:
+    for label in row.get("devices", []):
+      counts[label] = counts.get(label, 0) + 1
+  where = ", ".join(f"{label} ({n} run{'s' if n > 1 else ''})" for label, n in sorted(counts.items()))
+  mixed = " The speed columns mix devices: compare them only within one." if len(counts) > 1 else ""
+  return f"Trained on: {where}.{mixed}\n"
 
 
 def _millions(n: float) -> str:
@@ -262,7 +279,8 @@ def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[di
   (workdir / "comparison.json").write_text(json.dumps(
       {"config": json.loads(config.to_json_best_effort()), "methods": rows, "runs": records}, indent=2))
   (workdir / "comparison.md").write_text(
-      "# Comparison\n\n" + _budget_note(config, rows) + "\n" + markdown_table(rows) + "\n" + _health_note(rows)
+      "# Comparison\n\n" + _budget_note(config, rows) + _devices_note(rows) + "\n" + markdown_table(rows) + "\n"
+      + _health_note(rows)
       + "\n![validation perplexity against training wall time](convergence.png)\n")
   write_plot(rows, workdir / "convergence.png")
   return rows
@@ -320,7 +338,8 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
           f"{config.compare.seeds} seed(s) at the choice.\n", "## The grid (valid PPL)\n",
           grid_table(result, labels)]
   if rows:
-    text += ["## At each method's choice\n", _budget_note(config, rows), markdown_table(rows, SWEEP_COLUMNS),
+    text += ["## At each method's choice\n", _budget_note(config, rows), _devices_note(rows),
+             markdown_table(rows, SWEEP_COLUMNS),
              _health_note(rows), "\n![validation perplexity against training wall time](convergence.png)\n"]
     write_plot(rows, workdir / "convergence.png")
   (workdir / "comparison.md").write_text("\n".join(text))

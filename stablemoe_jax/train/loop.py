@@ -273,6 +273,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     summary = {
         "steps": train_cfg.steps,
         "stage1_steps": train_cfg.stage1_steps,
+        "device": device_record(),  # speed columns compare only runs on one kind of device, each alone on it
         "train_seconds_this_run": round(time.time() - started, 1),
         "train_seconds": round(train_seconds, 1),  # all runs of this workdir, evaluations excluded
         "tokens_per_second": round(train_cfg.steps * tokens_per_step / max(train_seconds, 1e-9), 1),
@@ -295,6 +296,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     exp.checkpointer.close()
     if writer:
       writer.close()
+
+
+def device_record() -> dict:
+  """{"platform": "cpu" | "gpu" | "tpu", "kind": e.g. "NVIDIA H100 80GB HBM3", "count": devices, "processes": n}."""
+  device = jax.devices()[0]
+  return {"platform": device.platform, "kind": device.device_kind, "count": jax.device_count(),
+          "processes": jax.process_count()}
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,

@@ -71,6 +71,53 @@ def pytest_unconfigure(config):
     os.environ.pop(_CACHE_OWNER, None)
 
 
+# A slow test (over ~20 s) counts as this many fast ones when the test files are ordered heaviest first.
+SLOW_WEIGHT = 30
+# Files that share one session fixture trained under a lock (mt_shared_run): one unit of work, so that one worker
+# trains it and uses it for both instead of the other worker waiting on the lock meanwhile.
+SHARED_UNITS = {"tests/test_translation_analysis.py": "mt_shared_run",
+                "tests/test_translation_compare.py": "mt_shared_run"}
+
+
+def _unit(nodeid: str) -> str:
+  """The unit of work a test belongs to under ``-n N``: its file, or its group in SHARED_UNITS."""
+  module = nodeid.split("::", 1)[0]
+  return SHARED_UNITS.get(module, module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  """``-n N`` (xdist's default, ``--dist load``): whole test files to a worker, the heaviest first (see
+  ``pytest_collection_modifyitems``). A file's module fixtures (the expert-parallel layouts, the resharded runs, the
+  uninterrupted run of test_train) are then built once, never once per worker, and the last files to run are quick
+  ones, so a worker does not sit idle while the other finishes a long test. Another ``--dist`` is left alone."""
+  if config.getvalue("dist") != "load":
+    return None
+  from xdist.scheduler import LoadScopeScheduling  # pylint: disable=import-outside-toplevel
+
+  class FileScheduling(LoadScopeScheduling):
+    """xdist's file-by-file scheduling (``--dist loadfile``), with SHARED_UNITS' files together."""
+
+    def _split_scope(self, nodeid: str) -> str:
+      return _unit(nodeid)
+
+  config.option.loadscopereorder = False  # keep the order of pytest_collection_modifyitems, not by test count
+  return FileScheduling(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+  """Units of work (``_unit``) heaviest first (a slow test counts SLOW_WEIGHT, others 1), the tests of each in their
+  collected order. Runs after ``-m``/``-k`` deselection, so the weights are those of the tests that will run."""
+  del config
+  weight, first = {}, {}
+  for index, item in enumerate(items):
+    unit = _unit(item.nodeid)
+    weight[unit] = weight.get(unit, 0) + (SLOW_WEIGHT if item.get_closest_marker("slow") else 1)
+    first.setdefault(unit, index)
+  items.sort(key=lambda item: (-weight[_unit(item.nodeid)], first[_unit(item.nodeid)]))  # stable sort
+
+
 @pytest.fixture(scope="session")
 def ptb_dir() -> pathlib.Path:
   if not (SHARED_DATA / "ptb" / "ptb.train.txt").is_file():
@@ -103,6 +150,24 @@ def make_tiny_config(data_dir: pathlib.Path):
 @pytest.fixture
 def tiny_config(ptb_dir):
   return make_tiny_config(ptb_dir)
+
+
+@pytest.fixture(scope="session")
+def prepared_ptb(ptb_dir, tmp_path_factory) -> pathlib.Path:
+  """PTB tokenized once per pytest process (word tokenizer, the tiny config's data settings), for
+  ``share_prepared_ptb``. Each xdist worker prepares its own: its runs use it one at a time."""
+  from stablemoe_jax.data.lm.pipeline import load_lm_data  # pylint: disable=import-outside-toplevel
+  directory = tmp_path_factory.mktemp("prepared_ptb") / "data"
+  load_lm_data(make_tiny_config(ptb_dir).data, directory)
+  return directory
+
+
+def share_prepared_ptb(prepared: pathlib.Path, *workdirs: pathlib.Path) -> None:
+  """Points each ``workdir/data`` at ``prepared`` (``prepared_ptb``), as the comparison runner shares one corpus
+  between its runs: a run of the default data settings then reuses the tokenizer and records (~3.5 s a run)."""
+  for workdir in map(pathlib.Path, workdirs):
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "data").symlink_to(prepared, target_is_directory=True)
 
 
 def tiny_flags(steps: int, stage1_steps: int, warmup_steps: int, log_every: int, checkpoint_every: int) -> list[str]:

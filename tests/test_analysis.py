@@ -9,7 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, share_prepared_ptb
 
 from stablemoe_jax.analysis import cohesion, fluctuation, records
 from stablemoe_jax.commands.analyze import analyze_checkpoint
@@ -110,9 +110,10 @@ def _analysis_config(ptb_dir):
 
 
 @pytest.fixture(scope="module")
-def recorded_run(ptb_dir, tmp_path_factory):
+def recorded_run(ptb_dir, prepared_ptb, tmp_path_factory):
   config = _analysis_config(ptb_dir)
   workdir = tmp_path_factory.mktemp("recorded")
+  share_prepared_ptb(prepared_ptb, workdir)
   summary = loop.train_and_evaluate(config, workdir)
   return config, workdir, summary
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE_FLAG, REPO
+from conftest import FAST_COMPILE_FLAG, REPO, share_prepared_ptb
 
 from stablemoe_jax.models.routing import stablemoe_balance_loss
 
@@ -102,12 +102,13 @@ for _ in range(80):
 
 
 @pytest.mark.slow
-def test_cpu_default_keeps_its_moe_layer_alive_after_the_warmup(ptb_dir, tmp_path):
+def test_cpu_default_keeps_its_moe_layer_alive_after_the_warmup(ptb_dir, prepared_ptb, tmp_path):
   """Regression test of the gate collapse: the CPU default's own model and settings (configs/default.py,
   balance_scope=all, lr 1e-3, warmup 40) for 80 steps. With the paper's scope ("assigned") the mean gate is
   ~0 from step 30 on (docs/router_health.md). Here every 10-step window after the warmup keeps the gate, and
   in steps 71-80 (past the load transient that follows the warmup) the load and the kept tokens too."""
   from configs import default
+  share_prepared_ptb(prepared_ptb, tmp_path)  # the default's data settings: PTB, word tokenizer
   env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "").replace(FAST_COMPILE_FLAG, "")}
   result = subprocess.run([sys.executable, "-c", DEFAULT_80_STEPS, str(ptb_dir), str(tmp_path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=1200)

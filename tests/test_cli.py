@@ -9,9 +9,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import MAIN, REPO, make_tiny_config, tiny_flags, xla_flags
-
-from stablemoe_jax.data.lm.pipeline import load_lm_data
+from conftest import MAIN, REPO, share_prepared_ptb, tiny_flags, xla_flags
 
 
 def run_main(args, env=None):
@@ -62,10 +60,10 @@ def test_bad_corpus_is_one_line_with_status_2_and_nothing_prepared(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def prepared_workdir(ptb_dir, tmp_path_factory):
+def prepared_workdir(prepared_ptb, tmp_path_factory):
   """A workdir holding prepared data and no checkpoint: `--mode=eval` prints the devices, then stops (status 2)."""
   workdir = tmp_path_factory.mktemp("prepared")
-  load_lm_data(make_tiny_config(ptb_dir).data, workdir / "data")
+  share_prepared_ptb(prepared_ptb, workdir)
   return workdir
 
 
@@ -87,14 +85,16 @@ TINY = tiny_flags(steps=40, stage1_steps=20, warmup_steps=4, log_every=5, checkp
 
 
 @pytest.mark.slow
-def test_kill_9_mid_run_then_rerun_matches_uninterrupted_run(ptb_dir, tmp_path):
+def test_kill_9_mid_run_then_rerun_matches_uninterrupted_run(ptb_dir, prepared_ptb, tmp_path):
   """The resumed run and the evaluation get no corpus: they read the tokenizer and records in the workdir.
 
   The kill lands while the run is still going (checked right before it, and by what the run left: no summary, no
   step-40 checkpoint or log); the rerun must resume from the latest checkpoint on disk at that point and end with
-  the uninterrupted run's logged losses and perplexities."""
+  the uninterrupted run's logged losses and perplexities. Both runs' data folders are one tokenized corpus
+  (``share_prepared_ptb``), which the resumed run and the evaluation, without the corpus, read from the workdir."""
   env = {"STABLEMOE_DATA_DIR": str(ptb_dir)}
   no_corpus = {"STABLEMOE_DATA_DIR": str(tmp_path / "nowhere")}
+  share_prepared_ptb(prepared_ptb, tmp_path / "full", tmp_path / "killed")
   full = run_main(["--workdir", str(tmp_path / "full"), *TINY], env=env)
   assert full.returncode == 0, full.stderr
   killed_dir = tmp_path / "killed"

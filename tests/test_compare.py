@@ -7,7 +7,7 @@ import sys
 
 import ml_collections
 import pytest
-from conftest import REPO
+from conftest import REPO, share_prepared_ptb
 
 from stablemoe_jax.compare import methods as methods_lib
 from stablemoe_jax.compare import report, runner
@@ -49,8 +49,10 @@ def test_unknown_method_on_the_command_line_is_one_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, tmp_path):
+def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, prepared_ptb, tmp_path):
   config = _compare_config(tiny_config, "stablemoe,dense", seeds=2)
+  # The runner shares workdir/data between its runs: here the session's prepared corpus, for the killed run too.
+  share_prepared_ptb(prepared_ptb, tmp_path, runner.run_dir(tmp_path, "dense", 1))
   config.analysis.record_every = 3  # routing records at steps 0, 3, ..., 12: the fluctuation column
   dense_config = methods_lib.apply_overrides(config, methods_lib.METHODS["dense"])
   dense_config.seed = config.seed + 1

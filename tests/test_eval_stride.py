@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from conftest import share_prepared_ptb
 
 from stablemoe_jax.data.lm import blocks
 from stablemoe_jax.data.lm import pipeline
@@ -51,7 +52,8 @@ def test_stride_equal_to_seq_len_gives_the_non_overlapping_rows():
 
 
 @pytest.mark.slow
-def test_sliding_evaluation_equals_a_per_window_reference(tiny_config, tmp_path):
+def test_sliding_evaluation_equals_a_per_window_reference(tiny_config, prepared_ptb, tmp_path):
+  share_prepared_ptb(prepared_ptb, tmp_path)
   seq_len, stride, batch_size, max_batches = 16, 4, 8, 3
   tiny_config.eval.seq_len, tiny_config.eval.stride, tiny_config.eval.batch_size = seq_len, stride, batch_size
   exp = loop.Experiment(tiny_config, tmp_path)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from conftest import MAIN, REPO, make_tiny_config, xla_flags
+from conftest import MAIN, REPO, make_tiny_config, share_prepared_ptb, xla_flags
 
 from stablemoe_jax.config_validation import ConfigError, validate_config
 from stablemoe_jax.models import dispatch
@@ -200,9 +200,10 @@ print("SUMMARY" + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def resharded_runs(tmp_path_factory, ptb_dir):
+def resharded_runs(tmp_path_factory, ptb_dir, prepared_ptb):
   """1 process x 4 devices: an uninterrupted mesh.expert=4 run; one stopped after step 6, resumed as 2 x 2."""
   workdir = tmp_path_factory.mktemp("reshard")
+  share_prepared_ptb(prepared_ptb, workdir / "whole", workdir / "split")
   code = RESHARD.format(tests=str(REPO / "tests"), data=str(ptb_dir), workdir=str(workdir))
   result = run_python(["-c", code], devices=4)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -250,11 +251,12 @@ print("SUMMARY" + json.dumps(loop.train_and_evaluate(c, {workdir!r})))
 
 
 @pytest.mark.slow
-def test_two_processes_of_two_devices_equal_one_process_of_four(resharded_runs, ptb_dir, tmp_path):
+def test_two_processes_of_two_devices_equal_one_process_of_four(resharded_runs, ptb_dir, prepared_ptb, tmp_path):
   _, runs = resharded_runs
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
+  share_prepared_ptb(prepared_ptb, tmp_path / "mp")
   code = MULTIPROCESS.format(port=port, tests=str(REPO / "tests"), data=str(ptb_dir), workdir=str(tmp_path / "mp"))
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
   env["XLA_FLAGS"] = xla_flags()  # no forced device count: jax_num_cpu_devices gives each process 2

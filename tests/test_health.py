@@ -335,9 +335,9 @@ def test_comparison_has_health_columns_for_every_method_and_marks_a_dead_layer(t
 # --- the guard in training on real data ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def shared_data(ptb_dir, tmp_path_factory):
-  """One prepared copy of the data for this module's runs (runs link their workdir/data to it)."""
-  return tmp_path_factory.mktemp("health_data")
+def shared_data(prepared_ptb):
+  """One prepared copy of the data for this module's runs (runs link their workdir/data to it): the session's."""
+  return prepared_ptb
 
 
 def _workdir(tmp_path, shared_data):
@@ -396,8 +396,9 @@ def test_guard_is_silent_on_the_defaults_first_steps_where_the_gate_is_alive(ptb
 
 
 @pytest.mark.slow
-def test_stop_on_collapse_exits_with_status_2_from_the_command_line(ptb_dir, tmp_path):
+def test_stop_on_collapse_exits_with_status_2_from_the_command_line(ptb_dir, shared_data, tmp_path):
   from conftest import MAIN, REPO, tiny_flags
+  _workdir(tmp_path, shared_data)
   flags = [*tiny_flags(steps=16, stage1_steps=16, warmup_steps=2, log_every=2, checkpoint_every=4),
            "--config.model.moe.distilled_router.dim=8", "--config.train.learning_rate=0.03",
            "--config.model.moe.stablemoe.balance_scope=assigned",

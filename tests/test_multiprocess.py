@@ -14,9 +14,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import MAIN, REPO, make_tiny_config, tiny_flags
-
-from stablemoe_jax.data.lm.pipeline import load_lm_data
+from conftest import MAIN, REPO, tiny_flags
 
 HEARTBEAT_S = 5
 # 4 routing groups: a multiple of the device count of every layout used here (2 x 1 and 2 x 2).
@@ -27,10 +25,8 @@ ENV = {**{k: v for k, v in os.environ.items() if k != "STABLEMOE_DATA_DIR"}, "JA
 
 
 @pytest.fixture(scope="module")
-def prepared_data(ptb_dir, tmp_path_factory) -> pathlib.Path:
-  directory = tmp_path_factory.mktemp("prepared") / "data"
-  load_lm_data(make_tiny_config(ptb_dir).data, directory)
-  return directory
+def prepared_data(prepared_ptb) -> pathlib.Path:
+  return prepared_ptb  # conftest's: PTB prepared once per pytest process (each test copies it into its workdir)
 
 
 def _workdir(prepared_data: pathlib.Path, path: pathlib.Path) -> pathlib.Path:

@@ -9,7 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import MAIN, REPO, tiny_flags, xla_flags
+from conftest import MAIN, REPO, share_prepared_ptb, tiny_flags, xla_flags
 
 from stablemoe_jax.train import loop
 from stablemoe_jax.train.step import make_train_step
@@ -36,7 +36,8 @@ def run_tiny(ptb_dir, workdir, devices):
 
 
 @pytest.mark.slow
-def test_two_device_data_parallel_run_matches_one_device(ptb_dir, tmp_path):
+def test_two_device_data_parallel_run_matches_one_device(ptb_dir, prepared_ptb, tmp_path):
+  share_prepared_ptb(prepared_ptb, tmp_path / "one", tmp_path / "two")
   one = run_tiny(ptb_dir, tmp_path / "one", devices=1)
   two = run_tiny(ptb_dir, tmp_path / "two", devices=2)
   for split in ("valid", "test"):
@@ -45,7 +46,8 @@ def test_two_device_data_parallel_run_matches_one_device(ptb_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_launch_matches_single_process(ptb_dir, tmp_path):
+def test_two_process_launch_matches_single_process(ptb_dir, prepared_ptb, tmp_path):
+  share_prepared_ptb(prepared_ptb, tmp_path / "single", tmp_path / "multi")
   tiny = [*tiny_flags(steps=8, stage1_steps=4, warmup_steps=2, log_every=2, checkpoint_every=4),
           "--config.model.moe.num_groups=2"]
   env = {**os.environ, "STABLEMOE_DATA_DIR": str(ptb_dir), "JAX_PLATFORMS": "cpu"}
@@ -62,7 +64,8 @@ def test_two_process_launch_matches_single_process(ptb_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_microbatch_accumulation_matches_one_batch(tiny_config, tmp_path):
+def test_microbatch_accumulation_matches_one_batch(tiny_config, prepared_ptb, tmp_path):
+  share_prepared_ptb(prepared_ptb, tmp_path)
   # Without dropout, balance loss or dropped tokens a step's result cannot depend on how the batch is split.
   tiny_config.model.dropout = 0.0
   tiny_config.model.moe.stablemoe.balance_alpha = 0.0
@@ -84,11 +87,12 @@ def test_microbatch_accumulation_matches_one_batch(tiny_config, tmp_path):
 
 
 @pytest.mark.slow
-def test_microbatches_route_and_balance_per_microbatch(tiny_config, tmp_path):
+def test_microbatches_route_and_balance_per_microbatch(tiny_config, prepared_ptb, tmp_path):
   """With the balance loss on and tokens dropped, each microbatch routes, fills its capacity and takes its balance
   loss on its own rows. Reference: the one-batch step (microbatches=1) run on each microbatch's rows (m, m + M, ...)
   alone; the accumulated gradient is their mean, the logged losses and loads their means. SGD with learning rate 1
   makes the gradient readable from the update."""
+  share_prepared_ptb(prepared_ptb, tmp_path)
   import optax
   tiny_config.model.dropout = 0.0
   tiny_config.model.moe.shuffle_tokens = False  # no rng in routing: the reference's step keys do not matter

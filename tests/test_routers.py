@@ -19,7 +19,7 @@ from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.train import loop
 from stablemoe_jax.train.step import make_train_step
 
-from conftest import MAIN, REPO
+from conftest import MAIN, REPO, share_prepared_ptb
 
 
 def apply_router(router, params, h, ids, stage1=True, deterministic=False, rng=0):
@@ -342,9 +342,11 @@ def test_command_line_errors_for_router_settings(tmp_path):
 # --- training: the freeze, the losses' names, and a short real-data run per router -------------------------------
 
 @pytest.fixture(scope="module")
-def shared_workdir(tmp_path_factory):
-  """One workdir for the runs that save no checkpoint, so the data is prepared once."""
-  return tmp_path_factory.mktemp("routers_data")
+def shared_workdir(tmp_path_factory, prepared_ptb):
+  """One workdir for the runs that save no checkpoint; its data is the session's prepared corpus."""
+  workdir = tmp_path_factory.mktemp("routers_data")
+  share_prepared_ptb(prepared_ptb, workdir)
+  return workdir
 
 
 def _distilled(params):
@@ -412,7 +414,8 @@ def test_each_router_trains_on_real_data(tiny_config, shared_workdir, router, se
 
 
 @pytest.mark.slow
-def test_balanced_hash_table_survives_checkpoint_and_evaluation(tiny_config, tmp_path):
+def test_balanced_hash_table_survives_checkpoint_and_evaluation(tiny_config, prepared_ptb, tmp_path):
+  share_prepared_ptb(prepared_ptb, tmp_path)
   tiny_config.model.moe.router, tiny_config.model.moe.hash.table = "hash", "balanced"
   tiny_config.train.steps, tiny_config.train.stage1_steps, tiny_config.train.eval_every = 4, 2, 100
   summary = loop.train_and_evaluate(tiny_config, tmp_path)

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from conftest import make_tiny_config, share_prepared_ptb
 
 from stablemoe_jax.config_validation import ConfigError, validate_config
 from stablemoe_jax.train import loop
@@ -19,8 +20,9 @@ def _distilled(params):
   return params["moe_0"]["router"]["distilled_router"]
 
 
-def test_distilled_router_frozen_bit_for_bit_over_stage2_while_gate_learns(tiny_config, tmp_path):
+def test_distilled_router_frozen_bit_for_bit_over_stage2_while_gate_learns(tiny_config, prepared_ptb, tmp_path):
   tiny_config.train.steps, tiny_config.train.stage1_steps = 9, 3
+  share_prepared_ptb(prepared_ptb, tmp_path)
   exp = loop.Experiment(tiny_config, tmp_path)
   state = exp.init_state()
   step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config))
@@ -105,19 +107,26 @@ def _restore_final(workdir, exp_config):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(ptb_dir, tmp_path_factory):
-  from conftest import make_tiny_config
+def uninterrupted(ptb_dir, prepared_ptb, tmp_path_factory):
   config = make_tiny_config(ptb_dir)
   workdir = tmp_path_factory.mktemp("uninterrupted")
+  share_prepared_ptb(prepared_ptb, workdir)
   summary = loop.train_and_evaluate(config, workdir)
   return config, workdir, summary
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_after", [6, 9])  # resume from step 4 (stage 1) and from step 8 (stage 2)
-def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, tmp_path, kill_after):
+def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, prepared_ptb, tmp_path):
+  """Killed twice: after step 6 (it resumes from the checkpoint of step 4, in stage 1), then, resumed, after step 9
+  (it resumes from step 8, in stage 2). The run that ends must equal the uninterrupted one bit for bit, so a fault
+  in either resumption shows in the end state, the evaluations and the metrics file."""
   config, full_dir, full_summary = uninterrupted
-  assert loop.train_and_evaluate(config, tmp_path, stop_at_step=kill_after) == {"stopped_at_step": kill_after}
+  share_prepared_ptb(prepared_ptb, tmp_path)
+  saved = lambda: sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  assert loop.train_and_evaluate(config, tmp_path, stop_at_step=6) == {"stopped_at_step": 6}
+  assert saved() == [4]  # stage 1 (stage1_steps=5): the next run resumes from step 4
+  assert loop.train_and_evaluate(config, tmp_path, stop_at_step=9) == {"stopped_at_step": 9}
+  assert saved() == [4, 8]  # stage 2: the last run resumes from step 8
   resumed_summary = loop.train_and_evaluate(config, tmp_path)
   step_a, state_a, data_a = _restore_final(full_dir, config)
   step_b, state_b, data_b = _restore_final(tmp_path, config)
@@ -134,11 +143,12 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, tmp_path
 
 
 @pytest.mark.slow
-def test_finished_inverse_sqrt_run_extends_to_more_steps_as_a_longer_run(uninterrupted, tmp_path):
+def test_finished_inverse_sqrt_run_extends_to_more_steps_as_a_longer_run(uninterrupted, prepared_ptb, tmp_path):
   """An inverse-sqrt schedule does not read train.steps: an 8-step run resumed with steps=12 ends bit for bit where
   a 12-step run does. A linear schedule does (its decay ends at train.steps): there the change is refused."""
   config = uninterrupted[0].copy_and_resolve_references()
   config.train.schedule = "inverse_sqrt"
+  share_prepared_ptb(prepared_ptb, tmp_path / "whole", tmp_path / "extended")
   whole = loop.train_and_evaluate(config, tmp_path / "whole")
   short = config.copy_and_resolve_references()
   short.train.steps = 8
@@ -155,7 +165,7 @@ def test_finished_inverse_sqrt_run_extends_to_more_steps_as_a_longer_run(uninter
     loop.train_and_evaluate(short, tmp_path / "extended")
 
   linear, linear_dir = uninterrupted[0].copy_and_resolve_references(), tmp_path / "linear"  # the 12-step linear run
-  shutil.copytree(uninterrupted[1], linear_dir)
+  shutil.copytree(uninterrupted[1], linear_dir, symlinks=True)
   linear.train.steps = 16
   with pytest.raises(CheckpointMismatchError, match="train.steps: checkpoint 12, this config 16"):
     loop.train_and_evaluate(linear, linear_dir)
@@ -185,12 +195,17 @@ def test_checkpoint_from_another_config_is_refused(uninterrupted):
 
 
 @pytest.mark.slow  # ~30 s on 2 cores
-def test_short_real_data_run_lowers_the_loss(tiny_config, tmp_path):
+def test_short_real_data_run_lowers_the_loss(tiny_config, prepared_ptb, tmp_path):
+  share_prepared_ptb(prepared_ptb, tmp_path)
   tiny_config.model.d_model, tiny_config.model.d_ff = 64, 128
   tiny_config.train.steps, tiny_config.train.stage1_steps, tiny_config.train.warmup_steps = 60, 20, 5
   tiny_config.train.batch_size, tiny_config.train.log_every, tiny_config.train.eval_every = 8, 10, 1000
-  tiny_config.train.checkpoint_every, tiny_config.eval.max_batches = 60, 0  # the unigram below scores all of valid
-  summary = loop.train_and_evaluate(tiny_config, tmp_path)
+  tiny_config.train.checkpoint_every = 60
+  loop.train_and_evaluate(tiny_config, tmp_path)  # its final evaluations: the first 4 batches of each split
+  whole = tiny_config.copy_and_resolve_references()
+  whole.eval.max_batches = 0  # the unigram below scores all of valid: so does the model (the step-60 checkpoint)
+  valid = loop.evaluate_checkpoint(whole, tmp_path, split="valid")
+  assert valid["step"] == 60 and valid["tokens"] == 73759
   records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   losses = [r["task_loss"] for r in records if "task_loss" in r]
   # The first window (steps 1-10, warmup 5) is about a uniform guess: log(10000) = 9.21 (measured 9.15).
@@ -201,7 +216,7 @@ def test_short_real_data_run_lowers_the_loss(tiny_config, tmp_path):
   # roughly; a uniform guess is 10000, a model stuck at its start ~ e^9.
   unigram = _unigram_perplexity(tiny_config.data.data_dir)
   assert unigram == pytest.approx(687.0, abs=1.0)
-  assert summary["valid"]["perplexity"] < 1.5 * unigram
+  assert valid["perplexity"] < 1.5 * unigram
   assert [r["stage"] for r in records if "stage" in r] == [1, 1, 2, 2, 2, 2]
   load = np.array([r["moe/moe_0/load"] for r in records if "stage" in r])
   counts = load * 10 * 8 * 16  # a window's load: fractions of its 10 x 8 x 16 routed tokens
@@ -221,7 +236,8 @@ def _unigram_perplexity(data_dir):
   return float(np.exp(-np.mean([np.log(counts[w] / total) for w in valid])))
 
 
-def test_nan_loss_stops_with_a_clear_error_and_keeps_no_bad_checkpoint(tiny_config, tmp_path):
+def test_nan_loss_stops_with_a_clear_error_and_keeps_no_bad_checkpoint(tiny_config, prepared_ptb, tmp_path):
+  share_prepared_ptb(prepared_ptb, tmp_path)
   tiny_config.train.learning_rate = 1e38
   with pytest.raises(loop.NonFiniteLossError, match="learning_rate"):
     loop.train_and_evaluate(tiny_config, tmp_path)
@@ -250,7 +266,8 @@ def test_inconsistent_config_is_refused(tiny_config, key, value, message):
     validate_config(tiny_config)
 
 
-def test_vocabulary_smaller_than_data_is_refused_before_compiling(tiny_config, tmp_path):
+def test_vocabulary_smaller_than_data_is_refused_before_compiling(tiny_config, prepared_ptb, tmp_path):
+  share_prepared_ptb(prepared_ptb, tmp_path)
   tiny_config.model.vocab_size = 5000
   with pytest.raises(ConfigError, match=r"vocab_size=5000 is smaller than the tokenizer's vocabulary \(10000\)"):
     loop.Experiment(tiny_config, tmp_path)

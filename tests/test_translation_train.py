@@ -26,6 +26,8 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
   assert losses[-1] < losses[0] - 0.5, losses
   assert set(whole["pair_weights"]) == {"de-en", "fr-en", "cs-en", "es-en"}
 
+  (tmp_path / "resumed").mkdir()  # one tokenized corpus for both runs, as the comparison runner shares it
+  (tmp_path / "resumed" / "data").symlink_to(tmp_path / "whole" / "data", target_is_directory=True)
   stopped = loop.train_and_evaluate(config, tmp_path / "resumed", stop_at_step=25)
   assert stopped == {"stopped_at_step": 25}  # killed after step 25: resumes from the checkpoint of step 20
   resumed = loop.train_and_evaluate(config, tmp_path / "resumed")

@@ -24,13 +24,9 @@ TINY = [*tiny_flags(steps=1000, stage1_steps=5, warmup_steps=2, log_every=3, che
 ENV = {**{k: v for k, v in os.environ.items() if k != "STABLEMOE_DATA_DIR"}, "JAX_PLATFORMS": "cpu"}
 
 
-@pytest.fixture(scope="module")
-def prepared_data(prepared_ptb) -> pathlib.Path:
-  return prepared_ptb  # conftest's: PTB prepared once per pytest process (each test copies it into its workdir)
-
-
-def _workdir(prepared_data: pathlib.Path, path: pathlib.Path) -> pathlib.Path:
-  shutil.copytree(prepared_data, path / "data")
+def _workdir(prepared_ptb: pathlib.Path, path: pathlib.Path) -> pathlib.Path:
+  """A workdir holding its own copy of conftest's prepared PTB."""
+  shutil.copytree(prepared_ptb, path / "data")
   return path
 
 
@@ -66,8 +62,8 @@ def _latest_checkpoint(workdir: pathlib.Path) -> int:
 
 
 @pytest.mark.slow
-def test_killed_peer_stops_the_other_process_and_the_last_checkpoint_restores(prepared_data, tmp_path):
-  workdir = _workdir(prepared_data, tmp_path / "run")
+def test_killed_peer_stops_the_other_process_and_the_last_checkpoint_restores(prepared_ptb, tmp_path):
+  workdir = _workdir(prepared_ptb, tmp_path / "run")
   port = _free_port()
   logs = [open(tmp_path / f"process{i}.log", "w+") for i in range(2)]
   distributed = [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
@@ -107,8 +103,8 @@ def test_killed_peer_stops_the_other_process_and_the_last_checkpoint_restores(pr
   assert result["perplexity"] == pytest.approx(reference["perplexity"], rel=1e-5)
 
 
-def test_launcher_stops_the_others_when_one_process_dies(prepared_data, tmp_path):
-  workdir = _workdir(prepared_data, tmp_path / "run")
+def test_launcher_stops_the_others_when_one_process_dies(prepared_ptb, tmp_path):
+  workdir = _workdir(prepared_ptb, tmp_path / "run")
   launcher = subprocess.Popen(["bash", "launch/local_multiprocess.sh", "2", "--config", "configs/default.py",
                                "--workdir", str(workdir), *TINY], cwd=REPO,
                               env={**ENV, "GRACE_SECONDS": "3", "DEVICES_PER_PROCESS": "2"},
@@ -137,9 +133,9 @@ def test_launcher_stops_the_others_when_one_process_dies(prepared_data, tmp_path
 
 
 @pytest.mark.slow
-def test_launcher_gives_each_process_the_devices_asked_for(prepared_data, tmp_path):
+def test_launcher_gives_each_process_the_devices_asked_for(prepared_ptb, tmp_path):
   """2 processes x 2 devices form one 4-device job; with no checkpoint to evaluate each stops with status 2."""
-  workdir = _workdir(prepared_data, tmp_path / "run")
+  workdir = _workdir(prepared_ptb, tmp_path / "run")
   result = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", "2", "--config", "configs/default.py",
                            "--workdir", str(workdir), "--mode=eval", "--config.model.moe.num_groups=4"], cwd=REPO,
                           env=ENV, capture_output=True,

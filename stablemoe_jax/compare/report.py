@@ -1,6 +1,7 @@
 """comparison.json, comparison.md (the paper's Table 3) and convergence.png (Figure 5) from the runs' records."""
 from __future__ import annotations
 
+import collections
 import json
 import pathlib
 from typing import Callable
@@ -123,10 +124,7 @@ def _device_label(summary: dict) -> str:
 
 def _devices_note(rows: list[dict]) -> str:
   """Where the runs trained: tokens/s and wall time compare like with like only on one kind of device."""
-  counts: dict[str, int] = {}
-  for row in rows:
-    for label in row.get("devices", []):
-      counts[label] = counts.get(label, 0) + 1
+  counts = collections.Counter(label for row in rows for label in row.get("devices", []))
   where = ", ".join(f"{label} ({n} run{'s' if n > 1 else ''})" for label, n in sorted(counts.items()))
   mixed = " The speed columns mix devices: compare them only within one." if len(counts) > 1 else ""
   return f"Trained on: {where}.{mixed}\n"

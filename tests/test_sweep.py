@@ -168,6 +168,9 @@ def test_shorter_selection_budget_scales_stage1_and_runs_seed0_again_at_full_bud
     ({"warmup_steps": "20"}, "warmup_steps: 20 must lie in"),
     ({"learning_rate": "-1"}, "must be positive"),
     ({"learning_rate": "1e-3", "steps": 99}, "compare.grid.steps=99 must lie in"),
+    ({"extra": "6e-3:400"}, "'6e-3:400' is not LR/WARMUP"),
+    ({"learning_rate": "1e-3", "warmup_steps": "2", "extra": "1e-3/2"}, "names a setting twice"),
+    ({"extra": "1e-3/20"}, "warmup_steps: 20 must lie in"),
 ])
 def test_bad_grids_are_one_clear_error_before_any_training(tiny_config, tmp_path, fake_training, grid, message):
   config = _sweep_config(tiny_config, rates="", warmups="")
@@ -182,10 +185,19 @@ def test_tune_cpu_preset_validates_every_method_and_setting():
   from configs import tune_cpu  # pylint: disable=import-outside-toplevel
   config = tune_cpu.get_config()
   grid = sweep.parse_grid(config)
-  assert len(grid.settings) == 6 and grid.steps == config.train.steps == 850
+  assert len(grid.settings) == 11 and grid.steps == config.train.steps == 850
   for name, method_config in method_configs(config).items():
     for setting in grid.settings:
       assert sweep.setting_config(method_config, setting, grid.steps, 0).train.learning_rate == setting.learning_rate
+
+
+def test_extra_settings_extend_the_cross_product(tiny_config):
+  config = _sweep_config(tiny_config, rates="1e-3,2e-3", warmups="2")
+  config.compare.grid.extra = "4e-3/2, 4e-3/4"
+  names = [s.name for s in sweep.parse_grid(config).settings]
+  assert names == ["lr0.001_warmup2", "lr0.002_warmup2", "lr0.004_warmup2", "lr0.004_warmup4"]
+  config.compare.grid.learning_rate = config.compare.grid.warmup_steps = ""
+  assert [s.name for s in sweep.parse_grid(config).settings] == names[2:]
 
 
 def test_no_grid_is_the_plain_comparison(tiny_config):

@@ -1,7 +1,9 @@
 """Each method at its best: a learning-rate x warmup grid per method, the choice on validation, seeds at the choice.
 
 With ``compare.grid.learning_rate`` and/or ``compare.grid.warmup_steps`` set (comma-separated values), the
-comparison command trains, for every method of ``compare.methods``:
+grid is their cross product, plus the settings of ``compare.grid.extra`` ("LR/WARMUP" pairs, e.g. "6e-3/600": a
+grid extended past its corner without the cross product's every cell). The comparison command trains, for every
+method of ``compare.methods``:
 
 1. the grid: one run (seed ``config.seed``) per setting, under the selection budget ``compare.grid.steps``
    (0: ``train.steps``; a shorter budget scales ``train.stage1_steps`` with it), in
@@ -64,29 +66,49 @@ def _values(text, kind, key: str) -> list:
   return values
 
 
+def _extra_settings(text) -> list[Setting]:
+  settings = []
+  for item in str(text or "").split(","):
+    if not item.strip():
+      continue
+    rate, _, warmup = item.partition("/")
+    try:
+      setting = Setting(float(rate), int(warmup))
+    except ValueError:
+      raise ConfigError(f"compare.grid.extra={text!r}: {item.strip()!r} is not LR/WARMUP; give comma-separated "
+                        f"pairs, e.g. --config.compare.grid.extra=6e-3/400,6e-3/600.") from None
+    settings.append(setting)
+  return settings
+
+
 def parse_grid(config: ml_collections.ConfigDict) -> Grid | None:
-  """The grid of ``compare.grid`` (None when neither list is set: the plain comparison)."""
+  """The grid of ``compare.grid`` (None when nothing is set: the plain comparison)."""
   section = config.compare.get("grid")
   if section is None:
     return None
   rates = _values(section.get("learning_rate", ""), float, "learning_rate")
   warmups = _values(section.get("warmup_steps", ""), int, "warmup_steps")
-  if not rates and not warmups:
+  extra = _extra_settings(section.get("extra", ""))
+  if not rates and not warmups and not extra:
     return None
-  rates = rates or [float(config.train.learning_rate)]
-  warmups = warmups or [int(config.train.warmup_steps)]
+  if rates or warmups:  # one list alone varies around the config's own value of the other
+    rates = rates or [float(config.train.learning_rate)]
+    warmups = warmups or [int(config.train.warmup_steps)]
   steps = int(section.get("steps", 0) or config.train.steps)
   if not 0 < steps <= config.train.steps:
     raise ConfigError(f"compare.grid.steps={section.get('steps')} must lie in [0, train.steps={config.train.steps}] "
                       f"(0: the full budget).")
-  for rate in rates:
-    if rate <= 0:
-      raise ConfigError(f"compare.grid.learning_rate: {rate:g} must be positive.")
-  for warmup in warmups:
-    if not 0 <= warmup < steps:
-      raise ConfigError(f"compare.grid.warmup_steps: {warmup} must lie in [0, {steps}) (the selection budget, "
-                        f"compare.grid.steps or train.steps).")
-  return Grid(tuple(Setting(r, w) for r in rates for w in warmups), steps)
+  settings = [Setting(r, w) for r in rates for w in warmups] + extra
+  if len(set(settings)) != len(settings):
+    raise ConfigError(f"compare.grid.extra={section.get('extra')!r} names a setting twice or one the cross product "
+                      f"of learning_rate and warmup_steps already has.")
+  for setting in settings:
+    if setting.learning_rate <= 0:
+      raise ConfigError(f"compare.grid.learning_rate: {setting.learning_rate:g} must be positive.")
+    if not 0 <= setting.warmup_steps < steps:
+      raise ConfigError(f"compare.grid.warmup_steps: {setting.warmup_steps} must lie in [0, {steps}) (the "
+                        f"selection budget, compare.grid.steps or train.steps).")
+  return Grid(tuple(settings), steps)
 
 
 def setting_config(method_config: ml_collections.ConfigDict, setting: Setting, steps: int,

@@ -14,8 +14,9 @@ from stablemoe_jax.models.transformer import TransformerLM, dense_match_plan
 BATCH, SEQ = 4, 32
 
 
-def _model_config(moe: bool, num_layers: int = 2):
+def _model_config(moe: bool, num_layers: int = 2, affinity: str = "dot"):
   config = default.get_config().model
+  config.moe.stablemoe.affinity, config.moe.stablemoe.cosine_dim = affinity, (16 if affinity == "cosine" else 0)
   config.vocab_size, config.d_model, config.num_heads, config.num_layers = 1000, 64, 4, num_layers
   config.d_ff, config.max_len, config.dropout = 256, SEQ, 0.0
   config.moe.enabled, config.moe.num_experts, config.moe.sublayers_per_expert = moe, 4, 2
@@ -33,21 +34,24 @@ def _xla_flops_per_token(model, params) -> float:
   return cost["flops"] / (BATCH * SEQ)
 
 
-def _hand_count(d, f, layers, vocab, seq, experts=0, sublayers=0, expert_f=0, distill_dim=0) -> int:
+def _hand_count(d, f, layers, vocab, seq, experts=0, sublayers=0, expert_f=0, distill_dim=0, cosine_dim=0) -> int:
   """Per token: attention projections 8d^2 + scores/values 4 S d, FFN 4 d f per block; LM head 2 d V;
-  MoE: router 2 N d, distilled router 2 N d', one expert's sublayers 4 d f_e each."""
+  MoE: router 2 N d (cosine routing: the projection 2 d k, then 2 N k), distilled router 2 N d', one expert's
+  sublayers 4 d f_e each."""
   per_block = 8 * d * d + 4 * seq * d + 4 * d * f
-  moe = 2 * experts * d + 2 * experts * distill_dim + sublayers * 4 * d * expert_f if experts else 0
+  router = 2 * d * cosine_dim + 2 * experts * cosine_dim if cosine_dim else 2 * experts * d
+  moe = router + 2 * experts * distill_dim + sublayers * 4 * d * expert_f if experts else 0
   return layers * per_block + 2 * d * vocab + moe
 
 
-@pytest.mark.parametrize("moe", [True, False])
-def test_analytic_flops_match_hand_count_and_xla_cost_analysis(moe):
-  config = _model_config(moe)
+@pytest.mark.parametrize("moe, affinity", [(True, "dot"), (True, "cosine"), (False, "dot")])
+def test_analytic_flops_match_hand_count_and_xla_cost_analysis(moe, affinity):
+  config = _model_config(moe, affinity=affinity)
   model = TransformerLM(config)
   params = model.init(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
   analytic = flops.forward_flops_per_token(params, SEQ)
-  expected = _hand_count(64, 256, 2, 1000, SEQ, *((4, 2, 128, 16) if moe else ()))
+  cosine_dim = 16 if affinity == "cosine" else 0
+  expected = _hand_count(64, 256, 2, 1000, SEQ, *((4, 2, 128, 16, cosine_dim) if moe else ()))
   assert analytic == expected
   # XLA also counts the elementwise work (LayerNorm, softmax, ReLU, residuals, gates) that the analytic count
   # leaves out: at this size it adds 2-4%; the bound also catches a matmul counted twice or forgotten.
@@ -78,6 +82,6 @@ def test_parameter_split_counts_experts_apart():
   assert counts["expert"] == e * s * (2 * d + d * f + f + f * d + d)  # LayerNorm, w_in, b_in, w_out, b_out
   dense = jax.eval_shape(lambda: TransformerLM(_model_config(False)).init(
       jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"])
-  router = e * d + 1000 * 16 + e * 16  # centroids, distilled embedding and centroids
+  router = e * d + 1000 * 16 + e * 16  # centroids (dot routing), distilled embedding and centroids
   assert counts["shared"] == flops.param_counts(dense)["total"] + router
   assert counts["total"] == sum(math.prod(x.shape) for x in jax.tree.leaves(params))

@@ -346,11 +346,12 @@ def _workdir(tmp_path, shared_data):
 
 
 def _collapsing_config(ptb_dir):
-  """A tiny StableMoE built to collapse: the paper's balance scope (README "Router health"), the balance loss
+  """A tiny StableMoE built to collapse: the paper's router and balance scope (README "Router health"), the balance loss
   x 3000 and 10x the learning rate, all of it stage 1."""
   from conftest import make_tiny_config
   config = make_tiny_config(ptb_dir)
   config.model.moe.stablemoe.balance_scope = "assigned"
+  config.model.moe.stablemoe.affinity, config.model.moe.stablemoe.cosine_dim = "dot", 0  # the paper's routing
   config.model.moe.stablemoe.balance_alpha = 1000.0
   config.train.learning_rate = 0.03
   config.train.steps, config.train.stage1_steps = 16, 16
@@ -401,8 +402,8 @@ def test_stop_on_collapse_exits_with_status_2_from_the_command_line(ptb_dir, sha
   _workdir(tmp_path, shared_data)
   flags = [*tiny_flags(steps=16, stage1_steps=16, warmup_steps=2, log_every=2, checkpoint_every=4),
            "--config.model.moe.distilled_router.dim=8", "--config.train.learning_rate=0.03",
-           "--config.model.moe.stablemoe.balance_scope=assigned",
-           "--config.model.moe.stablemoe.balance_alpha=1000", "--config.analysis.record_every=0",
+           "--config.model.moe.stablemoe.balance_scope=assigned", "--config.model.moe.stablemoe.affinity=dot",
+           "--config.model.moe.stablemoe.cosine_dim=0", "--config.model.moe.stablemoe.balance_alpha=1000", "--config.analysis.record_every=0",
            "--config.health.on_collapse=stop"]
   result = subprocess.run([*MAIN, "--workdir", str(tmp_path), *flags], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "STABLEMOE_DATA_DIR": str(ptb_dir)}, timeout=600)

@@ -146,6 +146,7 @@ def test_distillation_loss_is_weighted_by_distill_weight(router_name):
   tokens, experts, d, vocab, weight = 16, 4, 6, 9, 0.3
   moe = default.get_config().model.moe
   moe.num_experts, moe.distilled_router.dim, moe.distilled_router.distill_weight = experts, 3, weight
+  moe.stablemoe.affinity, moe.stablemoe.cosine_dim = "dot", 0  # the reference's greedy expert: argmax of h . E_i
   if router_name == "switch_fixed":
     moe.router, moe.switch.fixed_routing = "switch", True
   router = routers.make_router(moe, vocab_size=vocab)
@@ -298,8 +299,9 @@ def test_default_router_sections_equal_the_registry_defaults_but_their_preset_ke
     assert set(entry.preset_keys) <= set(entry.defaults), name
     differing = {key for key in entry.defaults if moe[name][key] != entry.defaults[key]}
     assert differing <= set(entry.preset_keys), (name, differing)
-  # The CPU default's one small-scale deviation (README "Router health"); the registry keeps the paper's value.
+  # The CPU default's two small-scale deviations (docs/tuning.md); the registry keeps the paper's values.
   assert moe.stablemoe.balance_scope == "all" and routers.ROUTERS["stablemoe"].defaults["balance_scope"] == "assigned"
+  assert moe.stablemoe.affinity == "cosine" and routers.ROUTERS["stablemoe"].defaults["affinity"] == "dot"
   assert moe.distilled_router.to_dict() == routers.DISTILLED_ROUTER_DEFAULTS
 
 

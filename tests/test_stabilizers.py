@@ -109,10 +109,12 @@ def test_cosine_routing_scores_gate_and_assignment_against_numpy(cosine_dim):
   np.testing.assert_allclose(clipped.gate, _sigmoid(cos.max(-1) * routers.MAX_LOGIT_SCALE), rtol=1e-4)
 
 
-def test_default_stablemoe_router_is_the_dot_product_router_bit_for_bit():
-  """The CPU default's section (new keys at their defaults) builds the same router, parameters and outputs as a
-  section without the new keys (the code before them)."""
+def test_dot_product_stablemoe_router_is_the_router_before_the_new_keys_bit_for_bit():
+  """The CPU default's section with the new keys at the registry's defaults (the paper's dot-product routing, no
+  z-loss) builds the same router, parameters and outputs as a section without the new keys (the code before them)."""
   moe = default.get_config().model.moe
+  for key in ("z_loss_weight", "affinity", "cosine_dim", "cosine_temperature"):
+    moe.stablemoe[key] = routers.STABLEMOE_DEFAULTS[key]
   old = ml_collections.ConfigDict(moe.to_dict())
   for key in ("z_loss_weight", "affinity", "cosine_dim", "cosine_temperature"):
     del old.stablemoe[key]
@@ -190,7 +192,7 @@ def test_router_optimizer_settings_off_by_default_leave_the_optimizer_as_it_was(
     ("train.router_warmup_steps", -1, "train.router_warmup_steps=-1 must be >= 0"),
     ("model.moe.stablemoe.z_loss_weight", -0.1, "model.moe.stablemoe.z_loss_weight=-0.1 must be >= 0"),
     ("model.moe.stablemoe.affinity", "l2", "model.moe.stablemoe.affinity='l2' is unknown"),
-    ("model.moe.stablemoe.cosine_dim", 16, "cosine_dim=16 applies only to cosine routing"),
+    ("model.moe.stablemoe.affinity", "dot", "cosine_dim=16 applies only to cosine routing"),  # the default's 16
     ("model.moe.stablemoe.cosine_temperature", 0.0, "cosine_temperature=0.0 must be > 0"),
 ])
 def test_each_stabilizer_key_rejects_a_bad_value_in_one_line(key, value, message):

@@ -22,14 +22,17 @@ class Method:
   overrides: dict[str, Any]
 
 
+_DOT = {"model.moe.stablemoe.affinity": "dot", "model.moe.stablemoe.cosine_dim": 0}
+
 # The one table of methods. Keys are config paths, as on the command line (--config.model.moe.router=switch).
 METHODS = {m.name: m for m in [
     Method("stablemoe", "StableMoE", {"model.moe.router": "stablemoe"}),
     # The two balance-loss scopes as methods of their own, whatever the config's scope (README "Router health").
+    # Both with the paper's dot-product routing, whatever the config's affinity.
     Method("stablemoe_assigned", "StableMoE, the paper's balance loss (assigned)",
-           {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "assigned"}),
+           {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "assigned", **_DOT}),
     Method("stablemoe_all", "StableMoE, balance loss over all tokens (all)",
-           {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "all"}),
+           {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "all", **_DOT}),
     # all + X-MoE's cosine routing on a 16-dim projection with a learned temperature (docs/tuning.md, probe p03).
     Method("stablemoe_cosine", "StableMoE, all, cosine routing (X-MoE)",
            {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "all",

@@ -82,6 +82,11 @@ def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, pre
   # StableMoE trains with the frozen distilled routing from step 5 of 12: no token changes expert after 50%.
   assert stable["fluctuation"]["after_50"] == 0.0 == stable["fluctuation"]["after_80"]
   assert 0 <= stable["fluctuation"]["after_20"] <= 1 and dense["fluctuation"] is None
+  # The curve (records at steps 0, 3, ..., 12): every token settled by the last stage-1 record (step 3; the frozen
+  # routing from step 5 on); the shares are its complements at 20/50/80% of training.
+  curve = stable["fluctuation_curve"]
+  assert curve["percent"] == pytest.approx([0, 25, 50, 75, 100]) and dense["fluctuation_curve"] is None
+  assert curve["share"][1:] == [1.0] * 4 and 1 - curve["share"][0] == pytest.approx(stable["fluctuation"]["after_20"])
   saved = json.loads((tmp_path / "comparison.json").read_text())
   assert [m["valid_ppl_mean"] for m in saved["methods"]] == [stable["valid_ppl_mean"], dense["valid_ppl_mean"]]
   table = (tmp_path / "comparison.md").read_text()
@@ -89,6 +94,7 @@ def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, pre
   assert f"{dense['valid_ppl_mean']:.2f} ± {dense['valid_ppl_std']:.2f}" in table
   assert table.count("| 0.0% / 0.0% |") == 1  # StableMoE's fluctuation cell; dense has "--"
   assert (tmp_path / "convergence.png").read_bytes()[:4] == b"\x89PNG"
+  assert (tmp_path / "fluctuation.png").read_bytes()[:4] == b"\x89PNG" and "(fluctuation.png)" in table
 
   # Run again: nothing is retrained and the results are the same.
   lines.clear()

@@ -83,6 +83,15 @@ def curve_from_records(records: Records, routing: str = "train") -> tuple[np.nda
   return cumulative_curve(_real_last_steps(records, routing), records.steps)
 
 
+def shares_and_curve(records: Records, routing: str = "train") -> dict:
+  """{"after_20", "after_50", "after_80": shares as shares_from_workdir's, "curve": {"percent": [K] record steps as %
+  of training, "share": [K] tokens settled by then}}: what a run's exported fluctuation.json keeps."""
+  last = _real_last_steps(records, routing)
+  percent, share = cumulative_curve(last, records.steps)
+  return {**shares_after(last, int(records.steps[-1])),
+          "curve": {"percent": [float(x) for x in percent], "share": [float(y) for y in share]}}
+
+
 def shares_from_workdir(workdir: str | os.PathLike, routing: str = "train") -> dict[str, float]:
   """A run's fluctuation shares from its records: {"after_20", "after_50", "after_80"}, fractions in [0, 1].
 

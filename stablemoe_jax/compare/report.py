@@ -1,4 +1,5 @@
-"""comparison.json, comparison.md (the paper's Table 3) and convergence.png (Figure 5) from the runs' records."""
+"""comparison.json, comparison.md (the paper's Table 3), convergence.png (Figure 5) and fluctuation.png (Figure 2)
+from the runs' records."""
 from __future__ import annotations
 
 import collections
@@ -22,10 +23,19 @@ def _mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
 
 
 def _mean_shares(shares: list[dict | None]) -> dict[str, float] | None:
-  """Mean over seeds of each fluctuation share; None if any run has no routing records."""
+  """Mean over seeds of each fluctuation share ("after_20", ...); None if any run has no routing records."""
   if not shares or any(s is None for s in shares):
     return None
-  return {key: float(np.mean([s[key] for s in shares])) for key in shares[0]}
+  return {key: float(np.mean([s[key] for s in shares])) for key in shares[0] if key.startswith("after_")}
+
+
+def _mean_fluctuation_curve(shares: list[dict | None]) -> dict | None:
+  """The seeds' fluctuation curves averaged at each record ("percent" [K], "share" [K]); None unless every run has
+  one over the same record steps (runs exported before curves were kept have shares only)."""
+  curves = [(s or {}).get("curve") for s in shares]
+  if not curves or any(c is None for c in curves) or any(c["percent"] != curves[0]["percent"] for c in curves):
+    return None
+  return {"percent": curves[0]["percent"], "share": np.mean([c["share"] for c in curves], axis=0).tolist()}
 
 
 # Per run: each health metric of its worst MoE layer (the one closest to dead), then the mean over seeds.
@@ -109,6 +119,7 @@ def method_rows(records: list[dict]) -> list[dict]:
         "distill_agreement_at_boundary": (float(np.mean(agreements)) if all(a is not None for a in agreements)
                                           else None),
         "fluctuation": _mean_shares([r.get("fluctuation") for r in runs]),
+        "fluctuation_curve": _mean_fluctuation_curve([r.get("fluctuation") for r in runs]),
         "health": _method_health(runs),
         "eval": summaries[0].get("eval"),
         "devices": [_device_label(s) for s in summaries],
@@ -270,17 +281,31 @@ def write_plot(rows: list[dict], path: pathlib.Path) -> None:
   plt.close(figure)
 
 
+def write_fluctuation_plot(rows: list[dict], path: pathlib.Path) -> str:
+  """The methods' mean fluctuation curves on one chart (the paper's Figure 2), training routing; returns the
+  markdown line that shows it, or "" when no method has curves (no routing records, or exported without them)."""
+  curves = [(row["label"], np.asarray(row["fluctuation_curve"]["percent"]),
+             np.asarray(row["fluctuation_curve"]["share"])) for row in rows if row.get("fluctuation_curve")]
+  if not curves:
+    return ""
+  from stablemoe_jax.analysis import plot  # pylint: disable=import-outside-toplevel  (matplotlib only when drawing)
+  plot.plot_curves(curves, path, title="routing fluctuation (training routing, mean over seeds)")
+  return f"\n![tokens whose expert last changed by each point of training]({path.name})\n"
+
+
 def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[dict]:
-  """Writes DIR/comparison.json, DIR/comparison.md and DIR/convergence.png; returns the method rows."""
+  """Writes DIR/comparison.json, DIR/comparison.md, DIR/convergence.png and DIR/fluctuation.png (when runs
+  recorded their routing); returns the method rows."""
   workdir = pathlib.Path(workdir)
   rows = method_rows(records)
   (workdir / "comparison.json").write_text(json.dumps(
       {"config": json.loads(config.to_json_best_effort()), "methods": rows, "runs": records}, indent=2))
+  write_plot(rows, workdir / "convergence.png")
   (workdir / "comparison.md").write_text(
       "# Comparison\n\n" + _budget_note(config, rows) + _devices_note(rows) + "\n" + markdown_table(rows) + "\n"
       + _health_note(rows)
-      + "\n![validation perplexity against training wall time](convergence.png)\n")
-  write_plot(rows, workdir / "convergence.png")
+      + "\n![validation perplexity against training wall time](convergence.png)\n"
+      + write_fluctuation_plot(rows, workdir / "fluctuation.png"))
   return rows
 
 
@@ -338,7 +363,8 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
   if rows:
     text += ["## At each method's choice\n", _budget_note(config, rows), _devices_note(rows),
              markdown_table(rows, SWEEP_COLUMNS),
-             _health_note(rows), "\n![validation perplexity against training wall time](convergence.png)\n"]
+             _health_note(rows), "\n![validation perplexity against training wall time](convergence.png)\n",
+             write_fluctuation_plot(rows, workdir / "fluctuation.png")]
     write_plot(rows, workdir / "convergence.png")
   (workdir / "comparison.md").write_text("\n".join(text))
   return rows

@@ -51,10 +51,12 @@ def validation_curve(directory: pathlib.Path, summary: dict) -> list[list[float]
   return curve
 
 
-def routing_fluctuation(directory: pathlib.Path) -> dict[str, float] | None:
-  """Shares of recorded tokens whose training-time expert last changed after 20/50/80% of training; None unrecorded."""
+def routing_fluctuation(directory: pathlib.Path) -> dict | None:
+  """Shares of recorded tokens whose training-time expert last changed after 20/50/80% of training, and the whole
+  cumulative curve (the paper's Figure 2: "percent" of training [K], "share" of tokens settled by then [K]), so
+  that a run's figure can be drawn from its exported files alone; None when the run has no routing records."""
   try:
-    return fluctuation.shares_from_workdir(directory)
+    return fluctuation.shares_and_curve(records_lib.load_records(directory))
   except records_lib.RecordsNotFoundError:
     return None
 

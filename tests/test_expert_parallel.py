@@ -60,8 +60,10 @@ def test_forward_gradients_and_three_steps_match_one_device(layouts):
   # Balance loss, per-expert loads and dropped fractions of every MoE layer, at every one of the three steps.
   assert _compare(arrays, "metrics", rtol=1e-5, atol=1e-6) >= 3 * (4 + 2 * 3)
   # What each MoE layer sows: balance and distillation losses; load, dropped fraction, load entropy, mean gate,
-  # low-gate fraction, load balance, max load (router health); distillation loss and accuracy, centroid disagreement.
-  assert _compare(arrays, "sown", rtol=1e-5, atol=1e-7) == 12 * 3
+  # low-gate fraction, load balance, max load (router health); distillation loss and accuracy, centroid disagreement;
+  # the cosine router's temperature (the default's routing).
+  assert _compare(arrays, "sown", rtol=1e-5, atol=1e-7) == 13 * 3
+  assert any(k.endswith("router_temperature") for k in arrays.files)
   for name in [k for k in arrays.files if k.startswith("one_device/") and ("load" in k or "dropped" in k)]:
     for layout in LAYOUTS:  # counts of tokens: exactly equal
       np.testing.assert_array_equal(arrays[name.replace("one_device/", f"{layout}/")], arrays[name], err_msg=name)

@@ -170,7 +170,7 @@ def test_shorter_selection_budget_scales_stage1_and_runs_seed0_again_at_full_bud
     ({"learning_rate": "1e-3", "steps": 99}, "compare.grid.steps=99 must lie in"),
     ({"extra": "6e-3:400"}, "'6e-3:400' is not LR/WARMUP"),
     ({"learning_rate": "1e-3", "warmup_steps": "2", "extra": "1e-3/2"}, "names a setting twice"),
-    ({"extra": "1e-3/20"}, "warmup_steps: 20 must lie in"),
+    ({"extra": "1e-3/20"}, "compare.grid.extra's warmup_steps: 20 must lie in"),
 ])
 def test_bad_grids_are_one_clear_error_before_any_training(tiny_config, tmp_path, fake_training, grid, message):
   config = _sweep_config(tiny_config, rates="", warmups="")

@@ -103,10 +103,11 @@ def parse_grid(config: ml_collections.ConfigDict) -> Grid | None:
     raise ConfigError(f"compare.grid.extra={section.get('extra')!r} names a setting twice or one the cross product "
                       f"of learning_rate and warmup_steps already has.")
   for setting in settings:
+    source = "extra's " if setting in extra else ""  # the key the user wrote the bad value under
     if setting.learning_rate <= 0:
-      raise ConfigError(f"compare.grid.learning_rate: {setting.learning_rate:g} must be positive.")
+      raise ConfigError(f"compare.grid.{source}learning_rate: {setting.learning_rate:g} must be positive.")
     if not 0 <= setting.warmup_steps < steps:
-      raise ConfigError(f"compare.grid.warmup_steps: {setting.warmup_steps} must lie in [0, {steps}) (the "
+      raise ConfigError(f"compare.grid.{source}warmup_steps: {setting.warmup_steps} must lie in [0, {steps}) (the "
                         f"selection budget, compare.grid.steps or train.steps).")
   return Grid(tuple(settings), steps)
 

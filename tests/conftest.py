@@ -144,6 +144,8 @@ def make_tiny_config(data_dir: pathlib.Path):
   # The final evaluations score each split's first 4 batches (4,096 tokens): the whole of PTB's valid and test
   # splits through the 10,000-word softmax would be most of a tiny run's time.
   config.eval.max_batches, config.health.contribution_batches = 4, 4
+  # No routing records or analysis report (a tiny run's slowest extra, ~5 s): the tests of the analysis turn them on.
+  config.analysis.record_every, config.analysis.report_at_end = 0, False
   return config
 
 
@@ -155,10 +157,13 @@ def tiny_config(ptb_dir):
 @pytest.fixture(scope="session")
 def prepared_ptb(ptb_dir, tmp_path_factory) -> pathlib.Path:
   """PTB tokenized once per pytest process (word tokenizer, the tiny config's data settings), for
-  ``share_prepared_ptb``. Each xdist worker prepares its own: its runs use it one at a time."""
+  ``share_prepared_ptb``, with each split's stream saved flat (`stream.cached_records`). Each xdist worker prepares
+  its own: its runs use it one at a time."""
   from stablemoe_jax.data.lm.pipeline import load_lm_data  # pylint: disable=import-outside-toplevel
   directory = tmp_path_factory.mktemp("prepared_ptb") / "data"
-  load_lm_data(make_tiny_config(ptb_dir).data, directory)
+  data = load_lm_data(make_tiny_config(ptb_dir).data, directory)
+  for split in data.sources:  # saves each split's flat stream beside its records: the runs load it, parse nothing
+    data.stream(split)
   return directory
 
 
@@ -178,7 +183,8 @@ def tiny_flags(steps: int, stage1_steps: int, warmup_steps: int, log_every: int,
           f"--config.train.warmup_steps={warmup_steps}", "--config.train.batch_size=4",
           "--config.train.seq_len=16", "--config.eval.seq_len=16", f"--config.train.log_every={log_every}",
           "--config.train.eval_every=1000", f"--config.train.checkpoint_every={checkpoint_every}",
-          "--config.eval.max_batches=4", "--config.health.contribution_batches=4"]
+          "--config.eval.max_batches=4", "--config.health.contribution_batches=4",
+          "--config.analysis.record_every=0", "--config.analysis.report_at_end=False"]
 
 
 @pytest.fixture(scope="session")

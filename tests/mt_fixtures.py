@@ -63,6 +63,7 @@ def make_tiny_mt_config(data_dir: pathlib.Path | str):
   train.log_every, train.eval_every, train.eval_batches = 2, 6, 2
   train.checkpoint_every, train.keep_checkpoints = 4, 10
   config.eval.batch_size, config.eval.seq_len, config.eval.max_sentences = 16, 32, 16
+  config.analysis.record_every, config.analysis.report_at_end = 0, False  # the analysis tests turn them on
   return config
 
 
@@ -81,6 +82,7 @@ def shared_run_config(corpora: pathlib.Path):
   config = make_tiny_mt_config(corpora)
   config.train.stage1_steps = 6
   config.analysis.record_every, config.analysis.sample_tokens = 2, 8 * config.train.seq_len
+  config.analysis.report_at_end = True
   config.decode.beam_size, config.eval.max_sentences = 1, 8
   config.compare = ml_collections.ConfigDict({"methods": "stablemoe", "seeds": 1})
   return config

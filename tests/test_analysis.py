@@ -106,6 +106,7 @@ def _analysis_config(ptb_dir):
   # Stage 1 = updates 1-6, so the boundary step 6 is recorded: its record must already use the stage-2 routing.
   config.train.stage1_steps = 6
   config.analysis.record_every, config.analysis.sample_tokens = 2, 1024
+  config.analysis.report_at_end = True
   return config
 
 

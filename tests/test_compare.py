@@ -54,6 +54,7 @@ def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, pre
   # The runner shares workdir/data between its runs: here the session's prepared corpus, for the killed run too.
   share_prepared_ptb(prepared_ptb, tmp_path, runner.run_dir(tmp_path, "dense", 1))
   config.analysis.record_every = 3  # routing records at steps 0, 3, ..., 12: the fluctuation column
+  config.analysis.report_at_end = True
   dense_config = methods_lib.apply_overrides(config, methods_lib.METHODS["dense"])
   dense_config.seed = config.seed + 1
   # A killed run: dense, seed index 1, stopped after step 6 (its last checkpoint is step 4).

@@ -192,6 +192,27 @@ def test_stream_matches_text_in_and_out_of_memory(ptb, valid_stream_ref):
     lazy.read(0, len(lazy) + 1)
 
 
+def test_a_split_read_once_is_saved_flat_and_loaded_back_equal(ptb, shared_data, prepared_dir, valid_stream_ref,
+                                                                tmp_path):
+  """The first `stream` of a split writes SPLIT.stream.npz beside its TFDS records; a later load reads that file
+  (no record parsed) and gives the same ids and line offsets as the text. Where the file cannot be written, the
+  records read are used as they are."""
+  ptb.stream('valid')
+  cache = ptb.stream_cache_dir / 'valid.stream.npz'
+  assert cache.is_file() and cache.parent == prepared_dir / 'tfds' / 'lm_corpus' / cache.parent.parent.name / '1.0.0'
+  again = data_lib.load_lm_data(_data_config(shared_data), prepared_dir)
+  loaded = again.stream('valid')
+  assert isinstance(loaded._records, stream.FlatRecords)
+  np.testing.assert_array_equal(loaded.read(0, len(loaded)), valid_stream_ref)
+  np.testing.assert_array_equal(loaded.offsets, stream.TokenStream(ptb.sources['valid'], in_memory=False).offsets)
+  np.testing.assert_array_equal(loaded._records[5], valid_stream_ref[loaded.offsets[5]:loaded.offsets[6]])
+
+  nowhere = tmp_path / 'missing' / 'test.stream.npz'  # a folder that cannot be written (even by root)
+  fallback = stream.cached_records(ptb.sources['test'], nowhere)
+  assert not nowhere.parent.exists() and isinstance(fallback, stream.FlatRecords)
+  np.testing.assert_array_equal(stream.TokenStream(fallback).read(0, 100), ptb.stream('test').read(0, 100))
+
+
 def test_train_blocks_overlap_by_one_and_tile_the_stream(ptb, valid_stream_ref):
   src = blocks.TrainBlocks(ptb.stream('valid'), SEQ_LEN)
   assert len(src) == (len(valid_stream_ref) - 1) // SEQ_LEN

@@ -1,4 +1,6 @@
-"""Expert parallelism against one device: layouts, collectives, capacity, shuffle, checkpoints, processes.
+"""Expert parallelism against one device: layouts, collectives, capacity, shuffle, checkpoints.
+
+Experts across several processes: tests/test_parallel.py (the launch script).
 
 Layout runs start subprocesses with fake CPU devices (XLA_FLAGS), since this process has one.
 """
@@ -6,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -232,44 +233,6 @@ def test_checkpoint_of_expert4_resumes_as_data2_expert2_and_evaluates_on_one_dev
   w_in = ts.open({"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": state_dir,
                                                  "path": "params.moe_0.experts.w_in"}}).result()
   assert w_in.shape[0] == 4 and w_in.chunk_layout.write_chunk.shape[0] == 1
-
-
-MULTIPROCESS = """
-import json, sys
-import jax
-jax.config.update("jax_num_cpu_devices", 2)
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize("127.0.0.1:{port}", 2, int(sys.argv[1]), heartbeat_timeout_seconds=30)
-sys.path.insert(0, {tests!r})
-from conftest import make_tiny_config
-from stablemoe_jax.train import loop
-c = make_tiny_config({data!r})
-c.model.dropout = 0.0
-c.model.moe.capacity_factor, c.model.moe.num_groups, c.mesh.expert = 1.0, 4, 4
-c.train.steps, c.train.stage1_steps, c.train.checkpoint_every = 8, 4, 4
-assert jax.device_count() == 4 and jax.local_device_count() == 2
-print("SUMMARY" + json.dumps(loop.train_and_evaluate(c, {workdir!r})))
-"""
-
-
-@pytest.mark.slow
-def test_two_processes_of_two_devices_equal_one_process_of_four(resharded_runs, ptb_dir, prepared_ptb, tmp_path):
-  _, runs = resharded_runs
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  share_prepared_ptb(prepared_ptb, tmp_path / "mp")
-  code = MULTIPROCESS.format(port=port, tests=str(REPO / "tests"), data=str(ptb_dir), workdir=str(tmp_path / "mp"))
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-  env["XLA_FLAGS"] = xla_flags()  # no forced device count: jax_num_cpu_devices gives each process 2
-  procs = [subprocess.Popen([sys.executable, "-c", code, str(i)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True) for i in range(2)]
-  outputs = [p.communicate(timeout=600) for p in procs]
-  for p, (_, err) in zip(procs, outputs):
-    assert p.returncode == 0, err[-3000:]
-  multi = json.loads(outputs[0][0].split("SUMMARY")[-1])
-  for split in ("valid", "test"):
-    assert multi[split]["loss"] == pytest.approx(runs["uninterrupted"][split]["loss"], rel=1e-5)
 
 
 def test_shardings_come_from_the_rules_table():

@@ -356,7 +356,6 @@ def _collapsing_config(ptb_dir):
   config.train.learning_rate = 0.03
   config.train.steps, config.train.stage1_steps = 16, 16
   config.train.eval_every, config.train.checkpoint_every = 1000, 4
-  config.analysis.record_every = 0
   config.health.on_collapse = "stop"
   return config
 
@@ -403,7 +402,7 @@ def test_stop_on_collapse_exits_with_status_2_from_the_command_line(ptb_dir, sha
   flags = [*tiny_flags(steps=16, stage1_steps=16, warmup_steps=2, log_every=2, checkpoint_every=4),
            "--config.model.moe.distilled_router.dim=8", "--config.train.learning_rate=0.03",
            "--config.model.moe.stablemoe.balance_scope=assigned", "--config.model.moe.stablemoe.affinity=dot",
-           "--config.model.moe.stablemoe.cosine_dim=0", "--config.model.moe.stablemoe.balance_alpha=1000", "--config.analysis.record_every=0",
+           "--config.model.moe.stablemoe.cosine_dim=0", "--config.model.moe.stablemoe.balance_alpha=1000",
            "--config.health.on_collapse=stop"]
   result = subprocess.run([*MAIN, "--workdir", str(tmp_path), *flags], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "STABLEMOE_DATA_DIR": str(ptb_dir)}, timeout=600)

@@ -130,17 +130,3 @@ def test_launcher_stops_the_others_when_one_process_dies(prepared_ptb, tmp_path)
           "stopping the other 1 process(es).") in stderr
   assert stopped_after < 3 + 10, stopped_after
   assert not pathlib.Path(f"/proc/{other}").exists()  # stopped and reaped by the launcher
-
-
-@pytest.mark.slow
-def test_launcher_gives_each_process_the_devices_asked_for(prepared_ptb, tmp_path):
-  """2 processes x 2 devices form one 4-device job; with no checkpoint to evaluate each stops with status 2."""
-  workdir = _workdir(prepared_ptb, tmp_path / "run")
-  result = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", "2", "--config", "configs/default.py",
-                           "--workdir", str(workdir), "--mode=eval", "--config.model.moe.num_groups=4"], cwd=REPO,
-                          env=ENV, capture_output=True,
-                          text=True, timeout=300)
-  devices = "CpuDevice(id=0), CpuDevice(id=1), CpuDevice(id=2048), CpuDevice(id=2049)"
-  assert f"2 process(es), devices: [{devices}]" in result.stdout, result.stderr[-3000:]
-  assert result.returncode == 2 and "no checkpoint in" in result.stderr
-  assert "launch: process 0 (pid" in result.stderr or "launch: process 1 (pid" in result.stderr

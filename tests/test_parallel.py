@@ -46,20 +46,27 @@ def test_two_device_data_parallel_run_matches_one_device(ptb_dir, prepared_ptb, 
 
 
 @pytest.mark.slow
-def test_two_process_launch_matches_single_process(ptb_dir, prepared_ptb, tmp_path):
+def test_two_process_launch_with_experts_across_processes_matches_one_device(ptb_dir, prepared_ptb, tmp_path):
+  """launch/local_multiprocess.sh, 2 processes x 2 CPU devices, mesh.expert=4: one expert per device, so the
+  all-to-alls carry tokens between the processes. Its run must end where one process on one device does (the same
+  4 routing groups, capacity 1.0 and no dropout, so both drop the same tokens), with the checkpoints both wrote."""
   share_prepared_ptb(prepared_ptb, tmp_path / "single", tmp_path / "multi")
   tiny = [*tiny_flags(steps=8, stage1_steps=4, warmup_steps=2, log_every=2, checkpoint_every=4),
-          "--config.model.moe.num_groups=2"]
+          "--config.model.moe.num_groups=4", "--config.model.moe.capacity_factor=1.0", "--config.model.dropout=0.0"]
   env = {**os.environ, "STABLEMOE_DATA_DIR": str(ptb_dir), "JAX_PLATFORMS": "cpu"}
   single = subprocess.run([*MAIN, "--workdir", str(tmp_path / "single"), *tiny], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
   assert single.returncode == 0, single.stderr[-3000:]
-  multi = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", "--config", "configs/default.py",
-                          "--workdir", str(tmp_path / "multi"), *tiny], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=600)
+  multi = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", "2", "--config", "configs/default.py",
+                          "--workdir", str(tmp_path / "multi"), *tiny, "--config.mesh.expert=4"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
   assert multi.returncode == 0, multi.stderr[-3000:]
+  devices = "CpuDevice(id=0), CpuDevice(id=1), CpuDevice(id=2048), CpuDevice(id=2049)"
+  assert f"2 process(es), devices: [{devices}]" in multi.stdout, multi.stdout[-3000:]
   read = lambda d: json.loads((tmp_path / d / "summary.json").read_text())
-  assert read("multi")["valid"]["loss"] == pytest.approx(read("single")["valid"]["loss"], rel=1e-4)
+  for split in ("valid", "test"):
+    assert read("multi")[split]["tokens"] == read("single")[split]["tokens"]
+    assert read("multi")[split]["loss"] == pytest.approx(read("single")[split]["loss"], rel=1e-4)
   assert sorted(p.name for p in (tmp_path / "multi" / "checkpoints").iterdir() if p.name.isdigit()) == ["4", "8"]
 
 

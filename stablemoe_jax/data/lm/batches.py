@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from collections.abc import Iterator, Mapping
 
 import grain
@@ -14,7 +15,7 @@ import numpy as np
 
 from stablemoe_jax.data.common import tokenizers
 from stablemoe_jax.data.lm import blocks as blocks_lib
-from stablemoe_jax.data.lm.stream import RecordSource, TokenStream
+from stablemoe_jax.data.lm.stream import RecordSource, TokenStream, cached_records
 
 Batch = dict[str, np.ndarray]
 
@@ -93,11 +94,14 @@ class LMData:
     tokenizer: the tokenizer the records were written with.
     vocab_size: == tokenizer.vocab_size.
     sources: {split: random-access source of 1-D int32 records (line ids + eos)}.
+    stream_cache_dir: where each split's stream is saved flat on first use and loaded from later
+      (`stream.cached_records`; the folder of ``sources``' records), or None: read ``sources`` every time.
   """
 
   tokenizer: tokenizers.Tokenizer
   vocab_size: int
   sources: Mapping[str, RecordSource] = dataclasses.field(repr=False)
+  stream_cache_dir: pathlib.Path | None = None
   _streams: dict[str, TokenStream] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
   def __post_init__(self):
@@ -109,7 +113,10 @@ class LMData:
     if split not in self.sources:
       raise ValueError(f'Unknown split {split!r}; available: {", ".join(self.sources)}.')
     if split not in self._streams:
-      self._streams[split] = TokenStream(self.sources[split])
+      records = self.sources[split]
+      if self.stream_cache_dir is not None:
+        records = cached_records(records, self.stream_cache_dir / f'{split}.stream.npz')
+      self._streams[split] = TokenStream(records)
     return self._streams[split]
 
   def split_num_tokens(self, split: str) -> int:

@@ -102,8 +102,9 @@ def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
   except locate.DataNotFoundError:
     if not prepared.has_manifest(prepared_dir):
       raise
-    tokenizer, sources = prepared.load(prepared_dir, settings)
-    return LMData(tokenizer=tokenizer, vocab_size=tokenizer.vocab_size, sources=sources)
+    tokenizer, sources, records_dir = prepared.load(prepared_dir, settings)
+    return LMData(tokenizer=tokenizer, vocab_size=tokenizer.vocab_size, sources=sources,
+                  stream_cache_dir=records_dir)
   files = locate.corpus_files(data_dir, corpus)
   for split, path in files.items():
     text.check_corpus_file(path, split)
@@ -117,4 +118,5 @@ def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
   sources = {
       split: FieldSource(builder.as_data_source(split=split), 'tokens') for split in files
   }
-  return LMData(tokenizer=tokenizer, vocab_size=tokenizer.vocab_size, sources=sources)
+  return LMData(tokenizer=tokenizer, vocab_size=tokenizer.vocab_size, sources=sources,
+                stream_cache_dir=pathlib.Path(str(builder.data_dir)))

@@ -85,8 +85,8 @@ def is_sharded(prepared_dir: pathlib.Path) -> bool:
 
 
 def load(prepared_dir: pathlib.Path, data_config: Mapping[str, Any]
-         ) -> tuple[tokenizers.Tokenizer, dict[str, RecordSource]]:
-  """The tokenizer and {split: record source} saved in `prepared_dir` for `data_config`.
+         ) -> tuple[tokenizers.Tokenizer, dict[str, RecordSource], pathlib.Path]:
+  """The tokenizer, {split: record source} and the records' folder saved in `prepared_dir` for `data_config`.
 
   Raises:
     PreparedDataMismatchError: the manifest was written for another corpus /
@@ -121,4 +121,4 @@ def load(prepared_dir: pathlib.Path, data_config: Mapping[str, Any]
     raise PreparedDataMismatchError(
         f'The records in {records} were written for vocabulary size {builder.info.metadata.get("vocab_size")}, '
         f'the tokenizer in {prepared_dir / "tokenizer"} has {tokenizer.vocab_size}. {fix}')
-  return tokenizer, sources
+  return tokenizer, sources, records

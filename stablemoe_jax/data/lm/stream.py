@@ -10,10 +10,18 @@ it through a cumulative-offsets array computed once from the record lengths:
 The records stay behind a random-access source (e.g. a TFDS array_record data
 source); with `in_memory=True` (the default below `IN_MEMORY_MAX_TOKENS`) the
 stream is also kept as one flat numpy array so reads are a slice.
+
+Reading a TFDS split record by record parses every record's tf.Example (PTB's
+49,199 lines: ~4 s, paid again by every run, resumption and evaluation), so
+`cached_records` saves an in-memory split once as its flat ids and offsets
+(`SPLIT.stream.npz` beside the records) and later runs load that instead.
 """
 
 from __future__ import annotations
 
+import os
+import pathlib
+import socket
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -59,6 +67,47 @@ def _read_records(source: RecordSource, start: int, stop: int) -> list[np.ndarra
   return [source[i] for i in range(start, stop)]
 
 
+class FlatRecords:
+  """Records held as one flat int32 array cut at ``offsets`` (int64 [num_records + 1]); a `RecordSource`."""
+
+  def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
+    if offsets.ndim != 1 or offsets[0] != 0 or offsets[-1] != len(tokens) or np.any(np.diff(offsets) < 0):
+      raise ValueError(f'offsets must rise from 0 to len(tokens)={len(tokens)}')
+    self.tokens, self.offsets = tokens, offsets
+
+  def __len__(self) -> int:
+    return len(self.offsets) - 1
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    return self.tokens[self.offsets[index]:self.offsets[index + 1]]
+
+  def __getitems__(self, indices: Sequence[int]) -> list[np.ndarray]:
+    return [self[i] for i in indices]
+
+
+def cached_records(records: RecordSource, cache: pathlib.Path) -> RecordSource:
+  """``records`` as `FlatRecords` loaded from ``cache`` (an .npz of ``tokens`` and ``offsets``), written first
+  from ``records`` if missing. The cache must belong to these records (e.g. live in their TFDS folder, whose name
+  carries the tokenizer's fingerprint). A split too large for memory, or a folder this process cannot write, gets
+  ``records`` back unchanged."""
+  cache = pathlib.Path(cache)
+  if not cache.is_file():
+    stream = TokenStream(records)
+    if not stream.in_memory:
+      return records
+    # Concurrent writers (processes, hosts sharing a file system) each rename a complete file of their own.
+    tmp = cache.with_name(f'{cache.name}.{socket.gethostname()}.{os.getpid()}.tmp')
+    try:
+      with open(tmp, 'wb') as f:
+        np.savez(f, tokens=stream.read(0, len(stream)), offsets=stream.offsets)
+      tmp.replace(cache)
+    except OSError:
+      tmp.unlink(missing_ok=True)
+      return FlatRecords(stream.read(0, len(stream)), stream.offsets)
+  with np.load(cache) as saved:
+    return FlatRecords(saved['tokens'].astype(np.int32, copy=False), saved['offsets'].astype(np.int64, copy=False))
+
+
 class TokenStream:
   """The concatenation of a split's records, readable by range."""
 
@@ -71,6 +120,10 @@ class TokenStream:
         has at most IN_MEMORY_MAX_TOKENS tokens.
     """
     self._records = records
+    if isinstance(records, FlatRecords) and in_memory is not False:
+      self.offsets, self._flat = records.offsets, records.tokens
+      self._flat.flags.writeable = False
+      return
     num_records = len(records)
     lengths = np.empty(num_records, dtype=np.int64)
     chunks: list[np.ndarray] = []

@@ -91,21 +91,22 @@ def cached_records(records: RecordSource, cache: pathlib.Path) -> RecordSource:
   carries the tokenizer's fingerprint). A split too large for memory, or a folder this process cannot write, gets
   ``records`` back unchanged."""
   cache = pathlib.Path(cache)
-  if not cache.is_file():
-    stream = TokenStream(records)
-    if not stream.in_memory:
-      return records
-    # Concurrent writers (processes, hosts sharing a file system) each rename a complete file of their own.
-    tmp = cache.with_name(f'{cache.name}.{socket.gethostname()}.{os.getpid()}.tmp')
-    try:
-      with open(tmp, 'wb') as f:
-        np.savez(f, tokens=stream.read(0, len(stream)), offsets=stream.offsets)
-      tmp.replace(cache)
-    except OSError:
-      tmp.unlink(missing_ok=True)
-      return FlatRecords(stream.read(0, len(stream)), stream.offsets)
-  with np.load(cache) as saved:
-    return FlatRecords(saved['tokens'].astype(np.int32, copy=False), saved['offsets'].astype(np.int64, copy=False))
+  if cache.is_file():
+    with np.load(cache) as saved:
+      return FlatRecords(saved['tokens'].astype(np.int32, copy=False), saved['offsets'].astype(np.int64, copy=False))
+  stream = TokenStream(records)
+  if not stream.in_memory:
+    return records
+  flat = FlatRecords(stream.read(0, len(stream)), stream.offsets)
+  # Concurrent writers (processes, hosts sharing a file system) each rename a complete file of their own.
+  tmp = cache.with_name(f'{cache.name}.{socket.gethostname()}.{os.getpid()}.tmp')
+  try:
+    with open(tmp, 'wb') as f:
+      np.savez(f, tokens=flat.tokens, offsets=flat.offsets)
+    tmp.replace(cache)
+  except OSError:
+    tmp.unlink(missing_ok=True)
+  return flat
 
 
 class TokenStream:

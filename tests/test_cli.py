@@ -37,6 +37,7 @@ def test_missing_data_names_the_fix(tmp_path):
     assert fix in result.stderr
 
 
+@pytest.mark.slow
 def test_bad_corpus_is_one_line_with_status_2_and_nothing_prepared(tmp_path):
   corpus = tmp_path / "corpus"
   corpus.mkdir()

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jit_init
 from mt_fixtures import tiny_model_config
 
 from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID
@@ -19,7 +20,7 @@ SOURCE = jnp.array([[4, 5, 3, 0], [5, 4, 4, 3]], jnp.int32)
 
 def _peaked_params(model, seed: int):
   """Initial parameters with a 6x larger embedding, so the next-token distributions are far from uniform."""
-  params = model.init(jax.random.key(seed), SOURCE, SOURCE, jnp.array(True))["params"]
+  params = jit_init(model, seed, SOURCE, SOURCE, jnp.array(True))["params"]
   return {**params, "embed": {"embedding": params["embed"]["embedding"] * 6.0}}
 
 
@@ -29,8 +30,8 @@ def test_beam_size_one_is_greedy_search():
   params = _peaked_params(TransformerSeq2Seq(config), seed=1)
   greedy_tokens, greedy_sums = make_translate_fn(config, 1, 12)(params, SOURCE)
   model = TransformerSeq2Seq(config)
-  encoded = model.apply({"params": params}, SOURCE, jnp.array(False), method=model.encode)
-  cache = jax.tree.map(jnp.zeros_like, model.init(jax.random.key(0), SOURCE, jnp.zeros((2, 12), jnp.int32),
+  encoded = jax.jit(lambda p, s: model.apply({"params": p}, s, jnp.array(False), method=model.encode))(params, SOURCE)
+  cache = jax.tree.map(jnp.zeros_like, jit_init(model, 0, SOURCE, jnp.zeros((2, 12), jnp.int32),
                                                   jnp.array(False), decode=True)["cache"])
 
   def step_fn(tokens, cache, position):
@@ -54,13 +55,15 @@ def _brute_force_best(model, params, source, vocab_size: int, max_len: int, leng
   for i, c in enumerate(candidates):
     decoder_inputs[i, :len(c)] = [BOS_ID] + c[:-1]
   sources = jnp.repeat(source[None], len(candidates), axis=0)
-  log_probs = jax.nn.log_softmax(model.apply({"params": params}, sources, decoder_inputs, jnp.array(False)))
+  forward = jax.jit(lambda p, s, d: model.apply({"params": p}, s, d, jnp.array(False)))
+  log_probs = jax.nn.log_softmax(forward(params, sources, decoder_inputs))
   scores = [sum(float(log_probs[i, j, t]) for j, t in enumerate(c)) / len(c)**length_penalty
             for i, c in enumerate(candidates)]
   best = int(np.argmax(scores))
   return candidates[best], scores[best]
 
 
+@pytest.mark.slow
 def test_beam_search_finds_the_brute_force_best_hypothesis():
   vocab_size, max_len, length_penalty = 7, 3, 1.0  # 3 allowed tokens + eos: 1 + 3 + 9 = 13 hypotheses
   config = tiny_model_config(vocab_size=vocab_size).model

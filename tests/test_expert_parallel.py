@@ -131,6 +131,7 @@ def test_token_shuffle_drops_random_tokens_but_exactly_capacity_per_group():
   assert np.all(unshuffled[:, :capacity]) and not np.any(unshuffled[:, capacity:])
 
 
+@pytest.mark.slow
 def test_train_step_shuffles_only_in_training(tiny_config, tmp_path):
   from stablemoe_jax.models.moe import MoELayer
   moe = ml_collections.ConfigDict(tiny_config.model.moe.to_dict())

@@ -6,6 +6,7 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import jit_init
 
 from configs import default
 from stablemoe_jax import flops
@@ -48,7 +49,7 @@ def _hand_count(d, f, layers, vocab, seq, experts=0, sublayers=0, expert_f=0, di
 def test_analytic_flops_match_hand_count_and_xla_cost_analysis(moe, affinity):
   config = _model_config(moe, affinity=affinity)
   model = TransformerLM(config)
-  params = model.init(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
+  params = jit_init(model, 0, jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
   analytic = flops.forward_flops_per_token(params, SEQ)
   cosine_dim = 16 if affinity == "cosine" else 0
   expected = _hand_count(64, 256, 2, 1000, SEQ, *((4, 2, 128, 16, cosine_dim) if moe else ()))
@@ -64,7 +65,7 @@ def test_dense_matched_models_count_every_ffn_sublayer(dense_match):
   config = _model_config(True)
   config.dense_match = dense_match
   model = TransformerLM(config)
-  params = model.init(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
+  params = jit_init(model, 0, jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
   sublayers, width = dense_match_plan(config)
   analytic = flops.forward_flops_per_token(params, SEQ)
   assert analytic == _hand_count(64, 256, 2, 1000, SEQ) + sublayers * 4 * 64 * width

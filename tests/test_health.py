@@ -13,6 +13,7 @@ from flax import linen as nn
 import ml_collections
 import numpy as np
 import pytest
+from conftest import jit_init
 
 from configs import default
 from stablemoe_jax.analysis import cohesion, contribution
@@ -84,7 +85,7 @@ def test_every_router_sows_the_health_metrics(router, moe):
 
   @jax.jit
   def sown_metrics(tokens):
-    params = model.init(jax.random.key(0), tokens, jnp.array(True))["params"]
+    params = jit_init(model, 0, tokens, jnp.array(True))["params"]
     _, sown = model.apply({"params": params}, tokens, jnp.array(True), deterministic=True, mutable=[METRICS])
     return {name: sown[METRICS]["moe_0"][name][0] for name in health.HEALTH_METRICS}
 
@@ -360,6 +361,7 @@ def _collapsing_config(ptb_dir):
   return config
 
 
+@pytest.mark.slow
 def test_stop_ends_a_collapsing_run_with_the_layer_and_its_numbers(ptb_dir, shared_data, tmp_path):
   workdir = _workdir(tmp_path, shared_data)
   with pytest.raises(health.CollapseError) as raised:
@@ -377,6 +379,7 @@ def test_stop_ends_a_collapsing_run_with_the_layer_and_its_numbers(ptb_dir, shar
   assert not (workdir / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_guard_is_silent_on_the_defaults_first_steps_where_the_gate_is_alive(ptb_dir, shared_data, tmp_path):
   from conftest import make_tiny_config
   config = make_tiny_config(ptb_dir)  # the default's router, balance loss and warmup, tiny

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jit_init
 
 from configs import default
 from stablemoe_jax.config_validation import ConfigError, check_backend, validate_config
@@ -33,7 +34,7 @@ def _tokens():
 
 
 def _init(model):
-  return model.init(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32), jnp.array(True))["params"]
+  return jit_init(model, 0, jnp.zeros((1, SEQ), jnp.int32), jnp.array(True))["params"]
 
 
 def test_attention_auto_is_xla_on_cpu_and_cudnn_fails_clearly_before_compiling():

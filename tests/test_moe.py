@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from conftest import jit_init
 
 from stablemoe_jax.models import dispatch
 from stablemoe_jax.models.moe import MoELayer
@@ -69,7 +70,7 @@ def init_layer(cfg, tokens=12, seed=0):
   layer = MoELayer(cfg, VOCAB, SUB, FF)
   x = jax.random.normal(jax.random.key(seed), (2, tokens // 2, D))
   ids = jax.random.randint(jax.random.key(seed + 1), (2, tokens // 2), 0, VOCAB)
-  params = randomized(nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"]))
+  params = randomized(nn.unbox(jit_init(layer, 2, x, ids, jnp.array(True))["params"]))
   return layer, params, x, ids
 
 
@@ -113,7 +114,7 @@ def test_stage2_routes_by_distilled_argmax_and_gates_with_original_centroids():
   router = StableMoERouter(num_experts=E, vocab_size=VOCAB, distill_dim=5)
   h = jax.random.normal(jax.random.key(0), (30, D))
   ids = jax.random.randint(jax.random.key(1), (30,), 0, VOCAB)
-  params = randomized(router.init(jax.random.key(2), h, ids, jnp.array(True))["params"])
+  params = randomized(jit_init(router, 2, h, ids, jnp.array(True))["params"])
   routing = router.apply({"params": params}, h, ids, jnp.array(False))
   table = params["distilled_router"]["embedding"] @ params["distilled_router"]["centroids"].T  # [V, E]
   want = np.argmax(np.asarray(table), axis=-1)[np.asarray(ids)]
@@ -152,7 +153,7 @@ def test_distillation_loss_hand_computed_and_only_trains_the_distilled_router():
   router = StableMoERouter(num_experts=2, vocab_size=3, distill_dim=2, balance_alpha=0.0)
   h = jnp.array([[1.0, 0.0], [0.0, 1.0]])
   ids = jnp.array([0, 2])
-  params = router.init(jax.random.key(0), h, ids, jnp.array(True))["params"]
+  params = jit_init(router, 0, h, ids, jnp.array(True))["params"]
   params = {
       "centroids": jnp.array([[1.0, 0.0], [0.0, 1.0]]),  # greedy: token 0 -> expert 0, token 1 -> expert 1
       "distilled_router": {"embedding": jnp.array([[1.0, 2.0], [0.0, 0.0], [3.0, -1.0]]),
@@ -214,7 +215,7 @@ def test_moe_placement_puts_layers_between_the_right_blocks(placement, blocks_be
   assert list(moe_positions(4, placement)) == blocks_before
   tokens = jnp.zeros((1, 8), jnp.int32)
   model = TransformerLM(config)
-  params = model.init(jax.random.key(0), tokens, jnp.array(True))["params"]
+  params = model.init(jax.random.key(0), tokens, jnp.array(True))["params"]  # eager: keeps the call order
   moe_names = sorted(k for k in params if k.startswith("moe_"))
   assert moe_names == [f"moe_{i}" for i in range(len(blocks_before))]
   assert all(params[name]["experts"]["w_in"].value.shape[:2] == (E, sublayers) for name in moe_names)

@@ -61,6 +61,7 @@ def test_plan_fits_and_picks_microbatches(ptb_dir):
   assert not squeezed["fits_with_config_microbatches"] and squeezed["smallest_microbatches_that_fit"] == 2
 
 
+@pytest.mark.slow
 def test_plan_cli_needs_devices_and_checks_the_layout(tmp_path):
   import subprocess
   base = [*MAIN, "--workdir", str(tmp_path), "--mode=plan"]

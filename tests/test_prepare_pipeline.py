@@ -171,6 +171,7 @@ def test_an_empty_split_is_one_line(corpus, tmp_path):
   assert str(error.value) == f'The test split has no text (inputs: {corpus / "test.txt"}).'
 
 
+@pytest.mark.slow
 def test_kill_9_mid_preparation_then_rerun_redoes_only_unfinished_shards(ptb_dir, tmp_path):
   """The command itself, killed with SIGKILL after some shards are done, then run again."""
   command = [sys.executable, '-m', 'stablemoe_jax.data.prepare', '--config', 'configs/default.py',

@@ -271,6 +271,7 @@ def real_param_count(config):
   return sum(x.size for x in jax.tree.leaves(params)), params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement", ["middle", "scattered"])
 def test_dense_deeper_and_wider_match_the_moe_total_within_one_percent(placement):
   config = tiny_model_config(placement=placement, sublayers_per_expert=3 if placement == "scattered" else 2)

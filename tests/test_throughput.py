@@ -46,6 +46,7 @@ def quick_rows():
                               [throughput.Case("cf1", {"model.moe.capacity_factor": "1.0"})], steps=2, warmup=1)
 
 
+@pytest.mark.slow
 def test_rows_have_required_keys_and_the_baselines_are_measured_first(quick_rows):
   assert [r["case"] for r in quick_rows] == ["reference", "dense", "cf1"]
   for row in quick_rows:
@@ -81,6 +82,7 @@ def test_reference_starts_at_log_vocab_and_trains():
   assert losses[-1] < losses[0] - 1.0, losses  # 128 random tokens: memorised fast
 
 
+@pytest.mark.slow
 def test_analytic_train_flops_match_xla_cost_analysis(quick_rows):
   for row in quick_rows:
     _check_flops(row)

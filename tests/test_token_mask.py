@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from conftest import jit_init
 from mt_fixtures import tiny_model_config
 from test_moe import D, E, FF, SUB, VOCAB, moe_config, per_token_reference, randomized
 
@@ -71,7 +72,7 @@ def test_moe_layer_with_padding_against_the_per_token_loop_of_its_real_tokens():
   layer = MoELayer(cfg, VOCAB, SUB, FF)
   x = jax.random.normal(jax.random.key(0), (2, 6, D))
   ids = jax.random.randint(jax.random.key(1), (2, 6), 0, VOCAB)
-  params = randomized(nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"]))
+  params = randomized(nn.unbox(jit_init(layer, 2, x, ids, jnp.array(True))["params"]))
   mask = jnp.asarray([[False, False, False, True, True, True], [False, True, True, True, True, True]])
   stage1 = jnp.array(True)
   out, sown = layer.apply({"params": params}, x, ids, stage1, False, token_mask=mask, mutable=[METRICS, AUX_LOSS])
@@ -101,7 +102,7 @@ def test_translation_moe_metrics_do_not_change_with_the_amount_of_padding():
   model = TransformerSeq2Seq(config.model)
   source = jnp.asarray([[4, 9, 10, 11, 3], [5, 12, 13, 3, PAD_ID]], jnp.int32)
   target = jnp.asarray([[2, 20, 21, 22], [2, 30, PAD_ID, PAD_ID]], jnp.int32)
-  params = model.init(jax.random.key(0), source, target, jnp.array(True))["params"]
+  params = jit_init(model, 0, source, target, jnp.array(True))["params"]
 
   def metrics(extra):
     padded_source = jnp.pad(source, ((0, 0), (0, extra)), constant_values=PAD_ID)

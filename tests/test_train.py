@@ -171,6 +171,7 @@ def test_finished_inverse_sqrt_run_extends_to_more_steps_as_a_longer_run(uninter
     loop.train_and_evaluate(linear, linear_dir)
 
 
+@pytest.mark.slow
 def test_eval_mode_restores_checkpoint_and_reproduces_final_perplexity(uninterrupted):
   config, workdir, summary = uninterrupted
   result = loop.evaluate_checkpoint(config, workdir, split="test")
@@ -186,6 +187,7 @@ def test_eval_mode_restores_checkpoint_and_reproduces_final_perplexity(uninterru
     loop.evaluate_checkpoint(config, workdir, step=5)
 
 
+@pytest.mark.slow
 def test_checkpoint_from_another_config_is_refused(uninterrupted):
   config, workdir, _ = uninterrupted
   other = config.copy_and_resolve_references()

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jit_init
 from mt_fixtures import tiny_model_config
 
 from configs import mt_cpu
@@ -23,7 +24,7 @@ STAGE2 = jnp.array(False)
 def _model_and_params(router: str = "stablemoe"):
   config = tiny_model_config(router=router)
   model = TransformerSeq2Seq(config.model)
-  params = model.init(jax.random.key(0), SOURCE, DECODER_INPUTS, jnp.array(True))["params"]
+  params = jit_init(model, 0, SOURCE, DECODER_INPUTS, jnp.array(True))["params"]
   return model, params
 
 
@@ -33,8 +34,7 @@ def _decode_step_by_step(model, params, mutable=(CACHE,), cross_cache: bool = Tr
   ``cross_cache``: the steps read the cross-attention keys and values computed once (``cross_keys_values``, as
   the translator does); else each step projects them from the encoder output.
   """
-  cache = model.init(jax.random.key(0), SOURCE, jnp.zeros((2, model.config.max_len), jnp.int32), STAGE2,
-                     decode=True)[CACHE]
+  cache = jit_init(model, 0, SOURCE, jnp.zeros((2, model.config.max_len), jnp.int32), STAGE2, decode=True)[CACHE]
   memory = model.apply({"params": params}, SOURCE, STAGE2, method=model.encode)
   if cross_cache:
     memory = model.apply({"params": params}, memory, method=model.cross_keys_values)
@@ -103,6 +103,7 @@ def test_encoder_router_reads_source_ids_and_decoder_router_reads_decoder_inputs
     np.testing.assert_array_equal(routed, np.asarray(table)[np.asarray(ids).reshape(-1)])
 
 
+@pytest.mark.slow
 def test_a_decode_step_routes_like_teacher_forcing_and_drops_nothing():
   for router in ("stablemoe", "switch"):  # distilled (token id) and learned (hidden state) routing
     model, params = _model_and_params(router)

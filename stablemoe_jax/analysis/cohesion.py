@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import scipy.stats
 
 from stablemoe_jax.models.routing import LOW_GATE
 
@@ -58,7 +57,8 @@ class RoutingCounts:
     per_expert = self.counts.sum(axis=1)
     total = max(int(per_expert.sum()), 1)
     load = per_expert / total
-    entropy = float(scipy.stats.entropy(load)) if per_expert.sum() else 0.0
+    used = load[load > 0]
+    entropy = float(-np.sum(used * np.log(used)))  # nats; 0 when no token was counted
     return {
         "tokens": int(per_expert.sum()),
         "load": load.tolist(),

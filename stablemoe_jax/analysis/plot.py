@@ -8,22 +8,27 @@ import argparse
 import pathlib
 import sys
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
-import numpy as np  # noqa: E402
-
-from stablemoe_jax.analysis import fluctuation  # noqa: E402
-from stablemoe_jax.analysis.records import ROUTINGS, RecordsNotFoundError, load_records  # noqa: E402
-
+from stablemoe_jax.analysis import fluctuation
+from stablemoe_jax.analysis.records import ROUTINGS, RecordsNotFoundError, load_records
 
 Curve = tuple[str, np.ndarray, np.ndarray]
+
+
+def pyplot():
+  """matplotlib.pyplot with the file-only backend, imported when a figure is drawn: importing it costs every
+  process that loads the training loop about a second."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
 
 
 def plot_curves(curves: list[Curve], out: str | pathlib.Path, title: str = "") -> list[str]:
   """Draws ``(label, x % of training [K], cumulative token share [K])`` curves as steps into the PNG ``out``;
   returns the labels of the curves drawn."""
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
   for label, x, y in curves:
     ax.step(x, 100.0 * np.asarray(y), where="post", label=label, linewidth=1.8)

@@ -9,6 +9,8 @@ from typing import Callable
 
 import numpy as np
 
+from stablemoe_jax.analysis import plot
+
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
   """Mean and sample standard deviation (0 for one value)."""
@@ -264,9 +266,7 @@ def _health_note(rows: list[dict]) -> str:
 
 def write_plot(rows: list[dict], path: pathlib.Path) -> None:
   """Validation perplexity against training wall time, one curve per method (the paper's Figure 5)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = plot.pyplot()
   figure, axes = plt.subplots(figsize=(7, 4.5))
   for row in rows:
     curve = np.asarray(row["curve"])
@@ -288,7 +288,6 @@ def write_fluctuation_plot(rows: list[dict], path: pathlib.Path) -> str:
              np.asarray(row["fluctuation_curve"]["share"])) for row in rows if row.get("fluctuation_curve")]
   if not curves:
     return ""
-  from stablemoe_jax.analysis import plot  # pylint: disable=import-outside-toplevel  (matplotlib only when drawing)
   plot.plot_curves(curves, path, title="routing fluctuation (training routing, mean over seeds)")
   return f"\n![tokens whose expert last changed by each point of training]({path.name})\n"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -130,3 +131,15 @@ def test_launcher_stops_the_others_when_one_process_dies(prepared_ptb, tmp_path)
           "stopping the other 1 process(es).") in stderr
   assert stopped_after < 3 + 10, stopped_after
   assert not pathlib.Path(f"/proc/{other}").exists()  # stopped and reaped by the launcher
+
+
+def test_launcher_exits_with_the_status_of_a_process_that_fails_and_names_it(tmp_path):
+  """A config error ends each process with status 2 before anything is built: the launcher passes that status on
+  and says which process ended how."""
+  result = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", "--config", "configs/default.py",
+                           "--workdir", str(tmp_path / "run"), "--config.model.moe.router=nonesuch"], cwd=REPO,
+                          env={**ENV, "GRACE_SECONDS": "3"}, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert re.search(r"launch: process [01] \(pid \d+\) exited with status 2; stopping the other [01] process\(es\)\.",
+                   result.stderr), result.stderr[-3000:]
+  assert "nonesuch" in result.stderr

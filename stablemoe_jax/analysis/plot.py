@@ -29,7 +29,7 @@ def plot_curves(curves: list[Curve], out: str | pathlib.Path, title: str = "") -
   """Draws ``(label, x % of training [K], cumulative token share [K])`` curves as steps into the PNG ``out``;
   returns the labels of the curves drawn."""
   plt = pyplot()
-  fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+  fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
   for label, x, y in curves:
     ax.step(x, 100.0 * np.asarray(y), where="post", label=label, linewidth=1.8)
   ax.set_xlabel("last fluctuation step (% of training)")
@@ -37,12 +37,13 @@ def plot_curves(curves: list[Curve], out: str | pathlib.Path, title: str = "") -
   ax.set_xlim(0, 100)
   ax.set_ylim(0, 101)
   ax.grid(alpha=0.3)
-  ax.legend(loc="lower right")
+  # Below the axes: inside, the legend would hide the curves of a many-method comparison.
+  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8, ncol=1, frameon=False)
   if title:
     ax.set_title(title)
   fig.tight_layout()
   pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(out)
+  fig.savefig(out, bbox_inches="tight")
   drawn = [line.get_label() for line in ax.get_lines()]
   plt.close(fig)
   return drawn

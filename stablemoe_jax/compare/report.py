@@ -32,12 +32,14 @@ def _mean_shares(shares: list[dict | None]) -> dict[str, float] | None:
 
 
 def _mean_fluctuation_curve(shares: list[dict | None]) -> dict | None:
-  """The seeds' fluctuation curves averaged at each record ("percent" [K], "share" [K]); None unless every run has
-  one over the same record steps (runs exported before curves were kept have shares only)."""
-  curves = [(s or {}).get("curve") for s in shares]
-  if not curves or any(c is None for c in curves) or any(c["percent"] != curves[0]["percent"] for c in curves):
+  """The mean of the runs' fluctuation curves at each record: "percent" [K], "share" [K], and "runs", how many runs
+  kept a curve. Runs exported before curves were kept have shares only and are left out of the mean (the plot's
+  label says how many runs it averages); None if no run has a curve or their record steps differ."""
+  curves = [s["curve"] for s in shares if s and s.get("curve")]
+  if not curves or any(c["percent"] != curves[0]["percent"] for c in curves):
     return None
-  return {"percent": curves[0]["percent"], "share": np.mean([c["share"] for c in curves], axis=0).tolist()}
+  return {"percent": curves[0]["percent"], "share": np.mean([c["share"] for c in curves], axis=0).tolist(),
+          "runs": len(curves)}
 
 
 # Per run: each health metric of its worst MoE layer (the one closest to dead), then the mean over seeds.
@@ -281,10 +283,27 @@ def write_plot(rows: list[dict], path: pathlib.Path) -> None:
   plt.close(figure)
 
 
+def _curve_label(row: dict) -> str:
+  """The method's label, with "(k of n seeds)" when only some of its runs kept a fluctuation curve."""
+  runs, seeds = row["fluctuation_curve"].get("runs", len(row["seeds"])), len(row["seeds"])
+  return row["label"] if runs == seeds else f"{row['label']} ({runs} of {seeds} seeds)"
+
+
+def write_convergence_plot(rows: list[dict], path: pathlib.Path) -> str:
+  """Draws ``write_plot`` and returns the markdown line that shows it; when the runs trained on more than one kind
+  of device their wall times do not compare, so it draws nothing, removes a stale plot and says why."""
+  if len({label for row in rows for label in row.get("devices", [])}) > 1:
+    path.unlink(missing_ok=True)
+    return ("\nNo convergence plot: the runs trained on more than one kind of device, so their wall times do not "
+            "compare.\n")
+  write_plot(rows, path)
+  return f"\n![validation perplexity against training wall time]({path.name})\n"
+
+
 def write_fluctuation_plot(rows: list[dict], path: pathlib.Path) -> str:
   """The methods' mean fluctuation curves on one chart (the paper's Figure 2), training routing; returns the
   markdown line that shows it, or "" when no method has curves (no routing records, or exported without them)."""
-  curves = [(row["label"], np.asarray(row["fluctuation_curve"]["percent"]),
+  curves = [(_curve_label(row), np.asarray(row["fluctuation_curve"]["percent"]),
              np.asarray(row["fluctuation_curve"]["share"])) for row in rows if row.get("fluctuation_curve")]
   if not curves:
     return ""
@@ -299,11 +318,9 @@ def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[di
   rows = method_rows(records)
   (workdir / "comparison.json").write_text(json.dumps(
       {"config": json.loads(config.to_json_best_effort()), "methods": rows, "runs": records}, indent=2))
-  write_plot(rows, workdir / "convergence.png")
   (workdir / "comparison.md").write_text(
       "# Comparison\n\n" + _budget_note(config, rows) + _devices_note(rows) + "\n" + markdown_table(rows) + "\n"
-      + _health_note(rows)
-      + "\n![validation perplexity against training wall time](convergence.png)\n"
+      + _health_note(rows) + write_convergence_plot(rows, workdir / "convergence.png")
       + write_fluctuation_plot(rows, workdir / "fluctuation.png"))
   return rows
 
@@ -340,7 +357,8 @@ SWEEP_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
 
 
 def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dict]:
-  """DIR/comparison.{json,md} (and convergence.png once a method has seeded runs) for a tuned comparison."""
+  """DIR/comparison.{json,md} (and convergence.png, fluctuation.png once a method has seeded runs) for a tuned
+  comparison."""
   from stablemoe_jax.compare.methods import METHODS  # pylint: disable=import-outside-toplevel
   workdir = pathlib.Path(workdir)
   rows = method_rows(result["records"]) if result["records"] else []
@@ -362,8 +380,7 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
   if rows:
     text += ["## At each method's choice\n", _budget_note(config, rows), _devices_note(rows),
              markdown_table(rows, SWEEP_COLUMNS),
-             _health_note(rows), "\n![validation perplexity against training wall time](convergence.png)\n",
+             _health_note(rows), write_convergence_plot(rows, workdir / "convergence.png"),
              write_fluctuation_plot(rows, workdir / "fluctuation.png")]
-    write_plot(rows, workdir / "convergence.png")
   (workdir / "comparison.md").write_text("\n".join(text))
   return rows

@@ -38,7 +38,7 @@ def plot_curves(curves: list[Curve], out: str | pathlib.Path, title: str = "") -
   ax.set_ylim(0, 101)
   ax.grid(alpha=0.3)
   # Below the axes: inside, the legend would hide the curves of a many-method comparison.
-  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8, ncol=1, frameon=False)
+  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8, frameon=False)
   if title:
     ax.set_title(title)
   fig.tight_layout()

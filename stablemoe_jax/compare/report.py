@@ -137,9 +137,14 @@ def _device_label(summary: dict) -> str:
   return f"{device['count']} x {device['kind']}" if device else "unrecorded"
 
 
+def _device_counts(rows: list[dict]) -> collections.Counter:
+  """How many runs trained on each kind of device ("1 x cpu", ...)."""
+  return collections.Counter(label for row in rows for label in row.get("devices", []))
+
+
 def _devices_note(rows: list[dict]) -> str:
   """Where the runs trained: tokens/s and wall time compare like with like only on one kind of device."""
-  counts = collections.Counter(label for row in rows for label in row.get("devices", []))
+  counts = _device_counts(rows)
   where = ", ".join(f"{label} ({n} run{'s' if n > 1 else ''})" for label, n in sorted(counts.items()))
   mixed = " The speed columns mix devices: compare them only within one." if len(counts) > 1 else ""
   return f"Trained on: {where}.{mixed}\n"
@@ -285,14 +290,14 @@ def write_plot(rows: list[dict], path: pathlib.Path) -> None:
 
 def _curve_label(row: dict) -> str:
   """The method's label, with "(k of n seeds)" when only some of its runs kept a fluctuation curve."""
-  runs, seeds = row["fluctuation_curve"].get("runs", len(row["seeds"])), len(row["seeds"])
+  runs, seeds = row["fluctuation_curve"]["runs"], len(row["seeds"])
   return row["label"] if runs == seeds else f"{row['label']} ({runs} of {seeds} seeds)"
 
 
 def write_convergence_plot(rows: list[dict], path: pathlib.Path) -> str:
   """Draws ``write_plot`` and returns the markdown line that shows it; when the runs trained on more than one kind
   of device their wall times do not compare, so it draws nothing, removes a stale plot and says why."""
-  if len({label for row in rows for label in row.get("devices", [])}) > 1:
+  if len(_device_counts(rows)) > 1:
     path.unlink(missing_ok=True)
     return ("\nNo convergence plot: the runs trained on more than one kind of device, so their wall times do not "
             "compare.\n")

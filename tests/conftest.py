@@ -21,7 +21,7 @@ SHARED_DATA = pathlib.Path(os.environ.get("STABLEMOE_DATA_DIR") or
 _CACHE_OWNER = "STABLEMOE_TESTS_XLA_CACHE_PID"  # set with the cache folder that pytest_configure made
 # The tests' programs are tiny, so XLA's CPU compile costs far more than running them: LLVM at -O0 halves it (the
 # tiny config's train step: 10.5 s -> 5.2 s) and runs the CPU default's model 1.75x slower, which only
-# test_balance_scope's 80 default steps would feel (it starts a process without it).
+# test_balance_scope's 60 steps of the default model would feel (it starts a process without it).
 FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
 
 

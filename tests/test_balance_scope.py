@@ -82,13 +82,14 @@ def test_unknown_scope_is_refused():
 
 
 # The CPU default's model with the paper's dot-product routing, balance_scope=all, at lr 1e-3 with a 40-step warmup (the
-# CPU default before the tuned sweep) for 80 steps of 8 x 128 tokens (half the default's batch: half the cost, and the
-# same verdicts, measured 28 Nov 2026: "all" keeps the gate rising 0.57 -> 0.90 with load balance 0.88 and 5.9%
-# dropped in steps 71-80; "assigned" has it at 0.007 by steps 31-40 and <= 0.005 after), printing each step's MoE
-# health metrics as a JSON line. It runs in a process of its own with XLA's full optimization: the tests'
-# fast-compile flag (conftest.py) would run this model 1.75x slower.
-WARMUP = 40
-DOT_ROUTER_80_STEPS = """
+# CPU default before the tuned sweep) for 60 steps of 4 x 128 tokens (a quarter of the default's batch: the same
+# verdicts at a third of the cost, measured 28 Nov 2026 over 80 steps. "all": mean gate 0.83 and 0.86 in steps 41-50
+# and 51-60, load balance 0.83 and 10.2% dropped over steps 41-60; "assigned": gate 0.016 in steps 31-40 and 0.000
+# after, balance 0.62, 27% dropped over steps 41-60), printing each step's MoE health metrics as a JSON line. It runs
+# in a process of its own with XLA's full optimization: the tests' fast-compile flag (conftest.py) would run this
+# model 1.75x slower.
+WARMUP, STEPS = 40, 60
+DOT_ROUTER_STEPS = """
 import json, sys
 from configs import default
 from stablemoe_jax.parallel import mesh as mesh_lib
@@ -98,11 +99,11 @@ config = default.get_config()
 config.data.data_dir = sys.argv[1]
 config.model.moe.stablemoe.balance_scope, config.model.moe.stablemoe.affinity = "all", "dot"
 config.model.moe.stablemoe.cosine_dim, config.train.learning_rate, config.train.warmup_steps = 0, 1e-3, WARMUP
-config.train.batch_size = 8
+config.train.batch_size = 4
 config.analysis.record_every, config.analysis.report_at_end = 0, False
 exp = Experiment(config, sys.argv[2])
 state, batches, train_step = exp.init_state(), exp.train_batches(), exp.jit_train_step()
-for _ in range(80):
+for _ in range(STEPS):
   state, metrics = train_step(state, mesh_lib.to_global(next(batches), exp.mesh))
   print(json.dumps({k: float(metrics[f"moe/moe_0/{k}"]) for k in ("mean_gate", "load_balance", "dropped_fraction")}))
 """
@@ -111,22 +112,21 @@ for _ in range(80):
 @pytest.mark.slow
 def test_balance_over_all_tokens_keeps_the_dot_router_alive_after_the_warmup(ptb_dir, prepared_ptb, tmp_path):
   """Regression test of the gate collapse: the CPU default's model with the paper's dot-product routing and
-  balance_scope=all, lr 1e-3, warmup 40, for 80 steps of 8 rows. With the paper's scope ("assigned") the mean gate is ~0
-  from step 30 on (docs/router_health.md). Here every 10-step window after the warmup keeps the gate, and in
-  steps 71-80 (past the load transient that follows the warmup) the load and the kept tokens too. (The CPU
-  default itself, cosine routing at lr 6e-3 with a 400-step warmup, is checked by the collapse guard of its
-  runs; 400 steps are too many for a test.)"""
+  balance_scope=all, lr 1e-3, warmup 40, for 60 steps of 4 rows. With the paper's scope ("assigned") the mean gate is ~0
+  from step 30 on (docs/router_health.md). Here each 10-step window after the warmup keeps the gate, and steps 41-60
+  keep the load and the tokens too. (The CPU default itself, cosine routing at lr 6e-3 with a 400-step warmup, is
+  checked by the collapse guard of its runs; 400 steps are too many for a test.)"""
   share_prepared_ptb(prepared_ptb, tmp_path)  # the default's data settings: PTB, word tokenizer
   env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "").replace(FAST_COMPILE_FLAG, "")}
-  script = DOT_ROUTER_80_STEPS.replace("WARMUP", str(WARMUP))
+  script = DOT_ROUTER_STEPS.replace("WARMUP", str(WARMUP)).replace("STEPS", str(STEPS))
   result = subprocess.run([sys.executable, "-c", script, str(ptb_dir), str(tmp_path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=1200)
   assert result.returncode == 0, result.stderr[-3000:]
   per_step = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-  assert len(per_step) == 80
-  for first in range(WARMUP, 80, 10):  # windows of steps first+1 .. first+10
-    window = {k: float(np.mean([m[k] for m in per_step[first:first + 10]])) for k in per_step[0]}
-    assert window["mean_gate"] >= 0.3, (first + 1, window)
-    if first >= 70:
-      assert window["load_balance"] >= 0.8, (first + 1, window)
-      assert window["dropped_fraction"] <= 0.10, (first + 1, window)
+  assert len(per_step) == STEPS
+  mean = lambda rows, key: float(np.mean([m[key] for m in rows]))
+  for first in range(WARMUP, STEPS, 10):  # windows of steps first+1 .. first+10
+    assert mean(per_step[first:first + 10], "mean_gate") >= 0.3, (first + 1, per_step[first:first + 10])
+  after_warmup = per_step[WARMUP:]
+  assert mean(after_warmup, "load_balance") >= 0.75, after_warmup
+  assert mean(after_warmup, "dropped_fraction") <= 0.15, after_warmup

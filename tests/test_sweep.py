@@ -9,6 +9,7 @@ import math
 
 import ml_collections
 import pytest
+from conftest import share_prepared_ptb
 
 from stablemoe_jax.compare import report, runner, sweep
 from stablemoe_jax.compare.methods import method_configs
@@ -205,7 +206,8 @@ def test_no_grid_is_the_plain_comparison(tiny_config):
 
 
 @pytest.mark.slow
-def test_tiny_sweep_trains_for_real(tiny_config, tmp_path):
+def test_tiny_sweep_trains_for_real(tiny_config, prepared_ptb, tmp_path):
+  share_prepared_ptb(prepared_ptb, tmp_path)  # the sweep's runs share workdir/data: the session's prepared corpus
   config = _sweep_config(tiny_config, methods="stablemoe_all", seeds=2, rates="3e-3,1e-2", warmups="2")
   result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)
   cells = result["grid"]["stablemoe_all"]

@@ -32,26 +32,32 @@ def _decode_step_by_step(model, params, mutable=(CACHE,), cross_cache: bool = Tr
   """Logits [B, St, V] and the sown collections of each step, one decoder position at a time with the cache.
 
   ``cross_cache``: the steps read the cross-attention keys and values computed once (``cross_keys_values``, as
-  the translator does); else each step projects them from the encoder output.
+  the translator does); else each step projects them from the encoder output. Every call is jitted: run eagerly,
+  Flax compiles each op of the model as a program of its own (~300 compiles, most of this test's time).
   """
-  cache = jit_init(model, 0, SOURCE, jnp.zeros((2, model.config.max_len), jnp.int32), STAGE2, decode=True)[CACHE]
-  memory = model.apply({"params": params}, SOURCE, STAGE2, method=model.encode)
+  # The cache starts as zeros (keys, values and the index), so its shapes are all ``init`` is needed for.
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), SOURCE, jnp.zeros((2, model.config.max_len), jnp.int32),
+                                             STAGE2, decode=True)[CACHE])
+  cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  memory = jax.jit(lambda p: model.apply({"params": p}, SOURCE, STAGE2, method=model.encode))(params)
   if cross_cache:
-    memory = model.apply({"params": params}, memory, method=model.cross_keys_values)
+    memory = jax.jit(lambda p, m: model.apply({"params": p}, m, method=model.cross_keys_values))(params, memory)
+  step = jax.jit(lambda cache, tokens, position: model.apply(  # one compile for every position (traced)
+      {"params": params, CACHE: cache}, memory, SOURCE, tokens, STAGE2, decode=True, position=position,
+      method=model.decode, mutable=list(mutable)))
   logits, sown = [], []
   for i in range(DECODER_INPUTS.shape[1]):
-    step_logits, variables = model.apply({"params": params, CACHE: cache}, memory, SOURCE, DECODER_INPUTS[:, i:i + 1],
-                                         STAGE2, decode=True, position=i, method=model.decode, mutable=list(mutable))
+    step_logits, variables = step(cache, DECODER_INPUTS[:, i:i + 1], jnp.int32(i))
     cache = variables[CACHE]
     logits.append(step_logits)
     sown.append(variables)
   return jnp.concatenate(logits, axis=1), sown
 
 
-@pytest.mark.slow  # ~30 s on 2 cores
+@pytest.mark.slow
 def test_cached_decoding_gives_the_logits_of_the_full_forward():
   model, params = _model_and_params()
-  full = model.apply({"params": params}, SOURCE, DECODER_INPUTS, STAGE2)
+  full = jax.jit(lambda p: model.apply({"params": p}, SOURCE, DECODER_INPUTS, STAGE2))(params)
   for cross_cache in (True, False):  # cross-attention keys/values computed once, or projected at every step
     cached, _ = _decode_step_by_step(model, params, cross_cache=cross_cache)
     np.testing.assert_allclose(cached, full, atol=2e-5)
@@ -107,7 +113,7 @@ def test_encoder_router_reads_source_ids_and_decoder_router_reads_decoder_inputs
 def test_a_decode_step_routes_like_teacher_forcing_and_drops_nothing():
   for router in ("stablemoe", "switch"):  # distilled (token id) and learned (hidden state) routing
     model, params = _model_and_params(router)
-    _, forced = model.apply({"params": params}, SOURCE, DECODER_INPUTS, STAGE2, mutable=[ROUTING])
+    _, forced = jax.jit(lambda p: model.apply({"params": p}, SOURCE, DECODER_INPUTS, STAGE2, mutable=[ROUTING]))(params)
     forced_experts = np.asarray(forced[ROUTING]["decoder_moe_0"]["expert_index"][0]).reshape(DECODER_INPUTS.shape)
     _, steps = _decode_step_by_step(model, params, mutable=(CACHE, ROUTING, METRICS))
     for i, variables in enumerate(steps):

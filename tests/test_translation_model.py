@@ -14,7 +14,7 @@ from mt_fixtures import tiny_model_config
 from configs import mt_cpu
 
 from stablemoe_jax.models.routing import METRICS, ROUTING
-from stablemoe_jax.models.seq2seq import CACHE, TransformerSeq2Seq
+from stablemoe_jax.models.seq2seq import CACHE, TransformerSeq2Seq, empty_decode_cache
 
 SOURCE = jnp.array([[4, 9, 10, 11, 3, 0, 0], [5, 12, 13, 14, 15, 16, 3]], jnp.int32)
 DECODER_INPUTS = jnp.array([[2, 20, 21, 22, 23], [2, 30, 31, 32, 0]], jnp.int32)
@@ -35,10 +35,7 @@ def _decode_step_by_step(model, params, mutable=(CACHE,), cross_cache: bool = Tr
   the translator does); else each step projects them from the encoder output. Every call is jitted: run eagerly,
   Flax compiles each op of the model as a program of its own (~300 compiles, most of this test's time).
   """
-  # The cache starts as zeros (keys, values and the index), so its shapes are all ``init`` is needed for.
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), SOURCE, jnp.zeros((2, model.config.max_len), jnp.int32),
-                                             STAGE2, decode=True)[CACHE])
-  cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  cache = empty_decode_cache(model, SOURCE, model.config.max_len, STAGE2)
   memory = jax.jit(lambda p: model.apply({"params": p}, SOURCE, STAGE2, method=model.encode))(params)
   if cross_cache:
     memory = jax.jit(lambda p, m: model.apply({"params": p}, m, method=model.cross_keys_values))(params, memory)

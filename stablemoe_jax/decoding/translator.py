@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from stablemoe_jax.core.constants import BOS_ID, EOS_ID
 from stablemoe_jax.decoding import search
-from stablemoe_jax.models.seq2seq import CACHE, PAD_ID, TransformerSeq2Seq
+from stablemoe_jax.models.seq2seq import CACHE, PAD_ID, TransformerSeq2Seq, empty_decode_cache
 
 FORBIDDEN_IDS = (PAD_ID, BOS_ID)  # never generated
 
@@ -59,9 +59,7 @@ def make_translate_fn(model_config, beam_size: int, max_len: int, length_penalty
     # then repeated over its beams (row b * K + k); constant over the steps, so not in the reordered cache.
     cross = model.apply({"params": params}, encoded, method=model.cross_keys_values)
     cross, source = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), (cross, source))
-    cache_shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), source, jnp.zeros((rows, max_len), jnp.int32),
-                                                     stage2, decode=True)[CACHE])
-    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache_shapes)
+    cache = empty_decode_cache(model, source, max_len, stage2)  # [rows, ...]: source is repeated over the beams
 
     def step_fn(tokens, cache, position):
       logits, variables = model.apply({"params": params, CACHE: cache}, cross, source, tokens[:, None], stage2,

@@ -275,3 +275,13 @@ class TransformerSeq2Seq(nn.Module):
     """source int32 [B, Ss], decoder_inputs int32 [B, St], in_stage1 bool scalar -> logits float32 [B, St, V]."""
     encoded = self.encode(source, in_stage1, deterministic)
     return self.decode(encoded, source, decoder_inputs, in_stage1, deterministic, decode)
+
+
+def empty_decode_cache(model: TransformerSeq2Seq, source: jax.Array, length: int, stage2: jax.Array) -> dict:
+  """The decoder self-attention's cache before the first decode step, for the rows of ``source`` [B, Ss] and
+  ``length`` (<= max_len) decoded positions: every block's keys and values [B, H, length, Dh] and its index, all
+  zeros, as ``init`` with ``decode=True`` makes them. Only their shapes are traced (``eval_shape``): no parameter is
+  initialised and nothing is compiled."""
+  decoder_inputs = jnp.zeros((source.shape[0], length), jnp.int32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), source, decoder_inputs, stage2, decode=True)[CACHE])
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

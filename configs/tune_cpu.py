@@ -10,7 +10,7 @@ Several workers on one GPU (how results/tune_h100 was made; docs/tuning.md):
 stablemoe_cosine (a deviation: X-MoE's cosine routing) is the one stabilizer whose probe kept the load even at
 lr 4e-3 (docs/tuning.md). Budget: configs/default.py's (850 steps of 16 x 128 tokens on PTB, 300 in stage 1), the same for every method;
 only train.learning_rate and train.warmup_steps vary, over the grid below. A setting whose MoE layer the collapse
-guard flags dead is not eligible.
+guard flags dead is not eligible; a choice whose layer dies in one of its seeds is rejected for the next live one.
 """
 import ml_collections
 

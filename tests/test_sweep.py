@@ -33,16 +33,24 @@ def _fake_valid(config) -> float:
   return 100 + 1000 * abs(lr - 1e-2) + abs(warmup - 2) + config.seed
 
 
+class _Trained(list):
+  """The fake's (workdir, steps, stage1_steps, seed) per run; ``dead`` adds (lr, warmup, seed) StableMoE runs whose
+  layer dies."""
+  dead: set
+
+
 @pytest.fixture
 def fake_training(monkeypatch):
   """Replaces training by writing a summary; the StableMoE run at lr 3e-3 / warmup 4 (its best) is dead."""
-  trained = []
+  trained = _Trained()
+  trained.dead = set()
 
   def train_and_evaluate(config, workdir):
     trained.append((str(workdir), config.train.steps, config.train.stage1_steps, config.seed))
     valid = _fake_valid(config)
-    dead = ["moe_2"] if (config.model.moe.enabled and config.train.learning_rate == 3e-3
-                         and config.train.warmup_steps == 4) else []
+    lr, warmup = config.train.learning_rate, config.train.warmup_steps
+    dead = ["moe_2"] if config.model.moe.enabled and ((lr, warmup) == (3e-3, 4)
+                                                      or (lr, warmup, config.seed) in trained.dead) else []
     summary = {"steps": config.train.steps, "stage1_steps": config.train.stage1_steps, "train_seconds": 1.0,
                "tokens_per_second": 10.0, "distill_agreement_at_boundary": None,
                "valid": {"perplexity": valid, "loss": math.log(valid)},
@@ -100,6 +108,48 @@ def test_grid_choice_seeds_resume_and_report(tiny_config, tmp_path, fake_trainin
   again = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)
   assert not fake_training and again["choices"] == result["choices"]
   assert [r["summary"] for r in again["records"]] == [r["summary"] for r in result["records"]]
+
+
+def test_a_choice_whose_seed_dies_gives_way_to_the_next_live_setting(tiny_config, tmp_path, fake_training):
+  config = _sweep_config(tiny_config, methods="stablemoe_all", seeds=3)
+  fake_training.dead = {(3e-3, 2, 1)}  # the choice's seed 1 dies; its seed 2 is then not needed
+  lines = []
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: lines.append(line))
+  # Live grid cells by valid PPL: 3e-3 / 2 (chosen, then rejected), 1e-2 / 4, 1e-2 / 2.
+  choice = result["choices"]["stablemoe_all"]
+  assert choice["name"] == "lr0.01_warmup4" and not choice["every_setting_dead"]
+  assert choice["rejected"] == [{"learning_rate": 3e-3, "warmup_steps": 2, "name": "lr0.003_warmup2",
+                                 "dead_seeds": [1], "valid_ppl": {
+      0: _fake_valid_at(config, 3e-3, 2, 0, True), 1: _fake_valid_at(config, 3e-3, 2, 1, True)}}]
+  assert not (tmp_path / "stablemoe_all" / "lr0.003_warmup2" / "seed2").exists()
+  assert [(r["seed"], r["setting"]["name"]) for r in result["records"]] == [
+      (0, "lr0.01_warmup4"), (1, "lr0.01_warmup4"), (2, "lr0.01_warmup4")]
+  assert len(fake_training) == 4 + 1 + 2  # the grid, the rejected choice's seed 1, the new choice's seeds 1-2
+  assert any("lr0.003_warmup2 rejected: the layer died in seed(s) [1]" in line for line in lines)
+  assert lines[-1].startswith("[7/7] stablemoe_all lr0.01_warmup4 seed 2")  # the count grew by the new seeds
+
+  report.write_sweep_reports(config, result, tmp_path)
+  table = (tmp_path / "comparison.md").read_text()
+  assert f"{_fake_valid_at(config, 3e-3, 2, 0, True):.2f} (DEAD in seed 1)" in table
+  assert (f"- StableMoE, balance loss over all tokens (all): lr 0.003, warmup 2 rejected (seed 0: "
+          f"{_fake_valid_at(config, 3e-3, 2, 0, True):.2f}, seed 1: {_fake_valid_at(config, 3e-3, 2, 1, True):.2f} "
+          f"(DEAD)).") in table
+  # Resumed: the same choice without training anything.
+  fake_training.clear()
+  again = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)
+  assert not fake_training and again["choices"] == result["choices"]
+
+
+def test_when_every_live_choice_dies_in_a_seed_the_best_of_all_is_marked(tiny_config, tmp_path, fake_training):
+  config = _sweep_config(tiny_config, methods="stablemoe_all", seeds=2, rates="3e-3", warmups="2,4")
+  fake_training.dead = {(3e-3, 2, 1)}  # the one live setting dies in seed 1; 3e-3 / 4 died in the grid
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)
+  choice = result["choices"]["stablemoe_all"]
+  assert choice["every_setting_dead"] and choice["name"] == "lr0.003_warmup4"  # the lowest valid PPL of all
+  assert [r["name"] for r in choice["rejected"]] == ["lr0.003_warmup2"]
+  # Its seeds are reported, dead as they are, not rejected in turn.
+  assert [(r["seed"], r["summary"]["health"]["dead_layers"]) for r in result["records"]] == [(0, ["moe_2"]),
+                                                                                              (1, ["moe_2"])]
 
 
 def _fake_valid_at(config, lr, warmup, seed, moe):

@@ -53,6 +53,21 @@ def make_sample_router(model, seed: int):
   return route
 
 
+def make_declining_router(model):
+  """``(params, inputs) -> ({layer: int32 [T]} training expert, {layer: [T]} its gate, {layer: int32 [T]} inference
+  expert)``: stage 1's training routing with dropout off (``model``: ``analysis_model``'s), and the inference
+  routing; ``inputs`` as ``make_sample_router``'s."""
+  key = jax.random.key(0)
+
+  def route(params, inputs):
+    _, train = model.apply({"params": params}, *inputs, jnp.array(True), deterministic=False, rngs={"dropout": key},
+                           mutable=[ROUTING])
+    _, inference = model.apply({"params": params}, *inputs, jnp.array(False), deterministic=True, mutable=[ROUTING])
+    return _sown(train, "expert_index"), _sown(train, "gate"), _sown(inference, "expert_index")
+
+  return route
+
+
 def make_split_router(model):
   """``(params, inputs) -> {layer: (int32 [B*S] expert, float32 [B*S] gate)}`` under the inference routing
   (``inputs``: the model's arguments before ``in_stage1``, each [B, S])."""

@@ -332,10 +332,19 @@ def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[di
 
 # --- the tuned comparison (compare/sweep.py) ----------------------------------------------------------------------
 
-def _grid_cell(cell: dict) -> str:
+def _grid_cell(cell: dict, rejected: dict[str, list]) -> str:
+  """``rejected``: {setting name: seeds whose layer died there} of the method's rejected choices."""
   if cell["valid_ppl"] is None:
     return "--"
-  return f"{cell['valid_ppl']:.2f}" + ("" if cell["alive"] else " (DEAD)")
+  name = cell["setting"]["name"]
+  mark = "" if cell["alive"] else " (DEAD)"
+  if name in rejected:
+    mark = f" (DEAD in seed {', '.join(str(k) for k in rejected[name])})"
+  return f"{cell['valid_ppl']:.2f}{mark}"
+
+
+def _rejected(choice: dict | None) -> dict[str, list]:
+  return {r["name"]: r["dead_seeds"] for r in (choice or {}).get("rejected", [])}
 
 
 def _choice_cell(choice: dict | None) -> str:
@@ -346,14 +355,31 @@ def _choice_cell(choice: dict | None) -> str:
 
 
 def grid_table(result: dict, labels: dict[str, str]) -> str:
-  """Every method's grid: valid PPL per (lr, warmup) setting, (DEAD) where the guard flagged a layer, its choice."""
+  """Every method's grid: valid PPL per (lr, warmup) setting, (DEAD) where the guard flagged a layer (in the
+  grid's run, or in a seed of a choice, which was then rejected), its choice."""
   settings = result["settings"]
   lines = ["| method | " + " | ".join(f"lr {s['learning_rate']:g}, warmup {s['warmup_steps']}" for s in settings)
            + " | choice |", "|" + "---|" * (len(settings) + 2)]
   for name, cells in result["grid"].items():
-    lines.append(f"| {labels.get(name, name)} | " + " | ".join(_grid_cell(c) for c in cells) + " | "
-                 + _choice_cell(result["choices"].get(name)) + " |")
+    choice = result["choices"].get(name)
+    lines.append(f"| {labels.get(name, name)} | " + " | ".join(_grid_cell(c, _rejected(choice)) for c in cells)
+                 + " | " + _choice_cell(choice) + " |")
   return "\n".join(lines) + "\n"
+
+
+def rejected_note(result: dict, labels: dict[str, str]) -> str:
+  """One line per choice rejected because a seed's layer died there: its seeds' valid PPL ("" if none)."""
+  lines = []
+  for name, choice in result["choices"].items():
+    for r in (choice or {}).get("rejected", []):
+      seeds = ", ".join(f"seed {k}: {ppl:.2f}{' (DEAD)' if int(k) in r['dead_seeds'] else ''}"
+                        for k, ppl in sorted(r["valid_ppl"].items(), key=lambda kv: int(kv[0])))
+      lines.append(f"- {labels.get(name, name)}: lr {r['learning_rate']:g}, warmup {r['warmup_steps']} rejected "
+                   f"({seeds}).")
+  if not lines:
+    return ""
+  return ("Choices rejected because the layer died in one of their seeds (seeds after the first dead one are "
+          "not needed):\n\n" + "\n".join(lines) + "\n")
 
 
 SWEEP_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
@@ -380,8 +406,9 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
           f"Each method's learning rate and warmup chosen on validation perplexity from the grid below (one run "
           f"each, seed {config.seed}, {selection} steps{'' if selection == train.steps else ' (a shorter selection budget)'}"
           f"); a setting whose MoE layer the collapse guard flagged dead (DEAD) is not eligible. Then "
-          f"{config.compare.seeds} seed(s) at the choice.\n", "## The grid (valid PPL)\n",
-          grid_table(result, labels)]
+          f"{config.compare.seeds} seed(s) at the choice; a choice whose layer dies in a seed is rejected and the "
+          f"next live setting chosen.\n", "## The grid (valid PPL)\n", grid_table(result, labels),
+          rejected_note(result, labels)]
   if rows:
     text += ["## At each method's choice\n", _budget_note(config, rows), _devices_note(rows),
              markdown_table(rows, SWEEP_COLUMNS),

@@ -11,7 +11,9 @@ method of ``compare.methods``:
 2. the choice: the setting with the lowest validation perplexity among the runs whose MoE layers the collapse
    guard left alive (a dense model always is); if every setting died, the lowest of all, marked;
 3. ``compare.seeds`` seeds at the choice under the full budget, in ``DIR/<method>/<setting>/seed<k>`` (with the
-   full budget the grid run is seed 0 and is not trained twice).
+   full budget the grid run is seed 0 and is not trained twice). A choice whose layer dies in one of its seeds is
+   rejected (a setting that kills the layer one time in three is not one a user can train at): the choice moves
+   to the next live setting and its seeds are run; the rejected choice and its seeds stay in the report.
 
 Only ``train.learning_rate`` and ``train.warmup_steps`` vary between settings; every method trains under the
 same budget otherwise. Runs are resumable exactly as the comparison's: a run with a summary.json (in DIR or under
@@ -139,12 +141,13 @@ def is_alive(summary: dict) -> bool:
   return not health.get("dead_layers")
 
 
-def choose(cells: list[dict]) -> dict | None:
-  """The finished grid cell with the lowest valid perplexity among the live ones (else among all, marked)."""
+def choose(cells: list[dict], rejected: tuple[str, ...] = ()) -> dict | None:
+  """The finished grid cell with the lowest valid perplexity among the live ones whose setting is not in
+  ``rejected`` (names of choices a seed died at); else the lowest of all, marked ``every_setting_dead``."""
   finished = [c for c in cells if c.get("valid_ppl") is not None]
   if not finished or len(finished) < len(cells):
     return None
-  alive = [c for c in finished if c["alive"]]
+  alive = [c for c in finished if c["alive"] and c["setting"]["name"] not in rejected]
   pool = alive or finished
   best = min(pool, key=lambda c: c["valid_ppl"])
   return {**best["setting"], "every_setting_dead": not alive}
@@ -155,8 +158,10 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
   """Runs (or, with ``train`` false, only collects) every method's grid and its seeds at the choice.
 
   Returns {"grid": {method: [cell, ...]}, "choices": {method: setting dict or None}, "records": [seeded run
-  records, as runner.run_all's, each with its "setting"]}. A cell: {"setting", "valid_ppl", "test_ppl",
-  "alive", "dead_layers", "workdir", "status"} (valid_ppl None while unfinished).
+  records, as runner.run_all's, each with its "setting"]}. A choice's "rejected" lists the earlier choices a seed
+  died at: [{"learning_rate", "warmup_steps", "name", "dead_seeds", "valid_ppl": {seed: ppl}}]. A cell:
+  {"setting", "valid_ppl", "test_ppl", "alive", "dead_layers", "workdir", "status"} (valid_ppl None while
+  unfinished).
   """
   workdir = pathlib.Path(workdir)
   grid = parse_grid(config)
@@ -176,14 +181,14 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
   exported_root = runner.results_dir(config)
   extra_seeds = seeds - (1 if grid.steps == full else 0)
   total = len(configs) * (len(grid.settings) + extra_seeds)
-  counter = iter(range(1, total + 1))
+  progress = {"done": 0, "total": total}  # run counter of the log's "[k/n]" tags (a rejected choice adds seeds)
   result = {"grid": {}, "choices": {}, "records": [], "selection_steps": grid.steps,
             "settings": [s.as_dict() for s in grid.settings]}
   for name, method_config in configs.items():
     cells, grid_runs = [], {}
     for setting in grid.settings:
       relative = grid_relative(name, setting, grid, full)
-      tag = f"[{next(counter)}/{total}] {name} grid {setting.name}"
+      tag = f"{_count(progress)} {name} grid {setting.name}"
       found = runner.train_run(plans[name][setting], workdir, relative, log, tag, exported_root, train)
       cell = {"setting": setting.as_dict(), "valid_ppl": None, "test_ppl": None, "alive": None, "dead_layers": [],
               "workdir": str(workdir / relative), "status": "not run yet"}
@@ -196,32 +201,60 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
                     workdir=str(source), status=status)
       cells.append(cell)
     result["grid"][name] = cells
-    choice = choose(cells)
-    result["choices"][name] = choice
-    if choice is None:
-      log(f"{name}: the grid is not finished; no choice and no seeds yet.", flush=True)
-      continue
-    chosen = next(s for s in grid.settings if s.name == choice["name"])
-    log(f"{name}: chose {chosen.name} (valid ppl {min(c['valid_ppl'] for c in cells if c['setting']['name'] == chosen.name):.2f}"
-        f"{', every setting dead' if choice['every_setting_dead'] else ''})", flush=True)
-    costs = None
-    for k in range(seeds):
-      run_config = setting_config(method_config, chosen, full, config.seed + k)
-      relative = f"{name}/{chosen.name}/seed{k}"
-      if k == 0 and grid.steps == full:
-        summary, source = grid_runs[chosen]
-        status = "the grid's run"
-      else:
-        tag = f"[{next(counter)}/{total}] {name} {chosen.name} seed {k}"
-        found = runner.train_run(run_config, workdir, relative, log, tag, exported_root, train)
-        if found is None:
-          continue
-        summary, source, status = found
-        runner.log_result(log, tag, status, summary)
-      if costs is None:
-        costs = runner.model_costs(run_config, workdir / relative)
-      record = runner.run_record(name, run_config, k, source, summary, costs)
-      record["setting"] = chosen.as_dict()
-      result["records"].append(record)
+    rejected: list[dict] = []
+    while True:
+      choice = choose(cells, tuple(r["name"] for r in rejected))
+      result["choices"][name] = choice and {**choice, "rejected": rejected}
+      if choice is None:
+        log(f"{name}: the grid is not finished; no choice and no seeds yet.", flush=True)
+        break
+      chosen = next(s for s in grid.settings if s.name == choice["name"])
+      log(f"{name}: chose {chosen.name} (valid ppl "
+          f"{next(c['valid_ppl'] for c in cells if c['setting']['name'] == chosen.name):.2f}"
+          f"{', every setting dead' if choice['every_setting_dead'] else ''})", flush=True)
+      records = _seeded_runs(name, method_config, chosen, grid, grid_runs, config, workdir, log, progress,
+                             exported_root, train, stop_at_dead=not choice["every_setting_dead"])
+      dead_seeds = [r["seed"] for r in records if not is_alive(r["summary"])]
+      if dead_seeds and not choice["every_setting_dead"]:
+        log(f"{name}: {chosen.name} rejected: the layer died in seed(s) {dead_seeds}; choosing again.", flush=True)
+        progress["total"] += extra_seeds - (seeds - len(records))  # the new choice's seeds, less those not needed
+        rejected.append({**chosen.as_dict(), "dead_seeds": dead_seeds,
+                         "valid_ppl": {r["seed"]: r["summary"]["valid"]["perplexity"] for r in records}})
+        continue
+      result["records"] += records
+      break
   return result
 
+
+def _count(progress: dict) -> str:
+  progress["done"] += 1
+  return f"[{progress['done']}/{progress['total']}]"
+
+
+def _seeded_runs(name: str, method_config, chosen: Setting, grid: Grid, grid_runs: dict, config, workdir, log,
+                 progress: dict, exported_root, train: bool, stop_at_dead: bool) -> list[dict]:
+  """The finished seeded runs at ``chosen`` (trained here unless finished, ``train`` false or locked), in seed
+  order, each a record for the report with its "setting"; with ``stop_at_dead``, stops at the first run whose
+  layer the guard flagged dead (the choice will be rejected, its other seeds are not needed)."""
+  full = config.train.steps
+  costs, records = None, []
+  for k in range(config.compare.seeds):
+    run_config = setting_config(method_config, chosen, full, config.seed + k)
+    relative = f"{name}/{chosen.name}/seed{k}"
+    if k == 0 and grid.steps == full:
+      summary, source = grid_runs[chosen]
+    else:
+      tag = f"{_count(progress)} {name} {chosen.name} seed {k}"
+      found = runner.train_run(run_config, workdir, relative, log, tag, exported_root, train)
+      if found is None:
+        continue
+      summary, source, status = found
+      runner.log_result(log, tag, status, summary)
+    if costs is None:
+      costs = runner.model_costs(run_config, workdir / relative)
+    record = runner.run_record(name, run_config, k, source, summary, costs)
+    record["setting"] = chosen.as_dict()
+    records.append(record)
+    if stop_at_dead and not is_alive(summary):
+      break
+  return records

@@ -35,6 +35,15 @@ def _sown(sown: dict, name: str) -> dict[str, jax.Array]:
   return {key.rsplit("/", 1)[0]: value[0] for key, value in flat.items() if key.rsplit("/", 1)[-1] == name}
 
 
+def _training_and_inference(model, key, params, inputs, in_stage1) -> tuple[dict, dict]:
+  """The ROUTING values the model sows in training mode (stage ``in_stage1``, dropout key ``key``) and at
+  inference."""
+  _, train = model.apply({"params": params}, *inputs, in_stage1, deterministic=False, rngs={"dropout": key},
+                         mutable=[ROUTING])
+  _, inference = model.apply({"params": params}, *inputs, jnp.array(False), deterministic=True, mutable=[ROUTING])
+  return train, inference
+
+
 def make_sample_router(model, seed: int):
   """``(params, inputs, in_stage1) -> ({layer: int32 [R*S]} training routing, {layer: ...} inference)``.
 
@@ -45,9 +54,7 @@ def make_sample_router(model, seed: int):
   key = jax.random.key(seed)
 
   def route(params, inputs, in_stage1):
-    _, train = model.apply({"params": params}, *inputs, in_stage1, deterministic=False, rngs={"dropout": key},
-                           mutable=[ROUTING])
-    _, inference = model.apply({"params": params}, *inputs, jnp.array(False), deterministic=True, mutable=[ROUTING])
+    train, inference = _training_and_inference(model, key, params, inputs, in_stage1)
     return _sown(train, "expert_index"), _sown(inference, "expert_index")
 
   return route
@@ -60,9 +67,7 @@ def make_declining_router(model):
   key = jax.random.key(0)
 
   def route(params, inputs):
-    _, train = model.apply({"params": params}, *inputs, jnp.array(True), deterministic=False, rngs={"dropout": key},
-                           mutable=[ROUTING])
-    _, inference = model.apply({"params": params}, *inputs, jnp.array(False), deterministic=True, mutable=[ROUTING])
+    train, inference = _training_and_inference(model, key, params, inputs, jnp.array(True))
     return _sown(train, "expert_index"), _sown(train, "gate"), _sown(inference, "expert_index")
 
   return route

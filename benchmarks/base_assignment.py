@@ -12,28 +12,17 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
 
+from benchmarks.moe_layer import time_fn
 from configs import default
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state
 from stablemoe_jax.train.step import make_train_step
-
-
-def timed(fn, *args, repeats: int) -> float:
-  """Median seconds per call after one compile-and-warm-up call."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return sorted(times)[len(times) // 2]
 
 
 def train_step_seconds(router: str, tokens: int, experts: int, batch: int, repeats: int) -> float:
@@ -47,7 +36,7 @@ def train_step_seconds(router: str, tokens: int, experts: int, batch: int, repea
   ids = jax.random.randint(jax.random.key(1), (batch, tokens // batch + 1), 0, 10000)
   data = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": jnp.ones(ids[:, 1:].shape)}
   step = jax.jit(make_train_step(model, tx, config))
-  return timed(lambda s: step(s, data)[1]["loss"], state, repeats=repeats)
+  return time_fn(lambda s: step(s, data)[1]["loss"], state, repeats=repeats)
 
 
 def main() -> None:
@@ -62,7 +51,7 @@ def main() -> None:
   scores = jax.random.normal(jax.random.key(0), (args.tokens, args.experts))
   assign = jax.jit(functools.partial(balanced_assignment))
   _, info = assign(scores)
-  assignment = timed(lambda s: assign(s)[0], scores, repeats=args.repeats)
+  assignment = time_fn(lambda s: assign(s)[0], scores, repeats=args.repeats)
   print(f"balanced_assignment: {assignment * 1e3:.1f} ms, {int(info['rounds'])} auction rounds, "
         f"converged={bool(info['converged'])}")
   base = train_step_seconds("base", args.tokens, args.experts, args.batch, args.repeats)

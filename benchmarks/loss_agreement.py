@@ -83,7 +83,7 @@ def train_losses(config: ml_collections.ConfigDict, batches: list[dict]) -> dict
   mesh = mesh_lib.make_mesh(config.mesh)
   model, tx = TransformerLM(config.model), make_optimizer(config.train)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
-  state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh)
+  state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, shardings=shardings)
   init = float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(state.params)))
   step = mesh_lib.under_mesh(mesh, jit_train_step(model, tx, config, mesh, shardings))
   history = []

@@ -228,7 +228,7 @@ def prepare_case(base: ml_collections.ConfigDict, case: Case, vocab_size: int = 
   tx = make_optimizer(config.train)
   train = config.train
   shardings = train_state_shardings(model, tx, train.seq_len, mesh)
-  state = create_train_state(model, tx, config.seed, train.seq_len, mesh)
+  state = create_train_state(model, tx, config.seed, train.seq_len, mesh, shardings=shardings)
   uniform = lambda: np.ones(config.model.vocab_size, np.int64)  # a balanced hash table needs token counts
   params = routers.fill_tables_from_data(state.params, config.model, uniform)
   if params is not state.params:

@@ -80,7 +80,7 @@ class Experiment:
     Routers built from the training data (the balanced hash table) get their tables here.
     """
     state = create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len, self.mesh,
-                               self.sample_inputs)
+                               self.sample_inputs, self.state_shardings)
     params = routers.fill_tables_from_data(state.params, self.config.model, self.train_token_counts)
     if params is not state.params:
       state = state.replace(params=jax.device_put(params, self.state_shardings.params))

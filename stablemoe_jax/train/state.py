@@ -51,13 +51,15 @@ def train_state_shardings(model, tx: optax.GradientTransformation, seq_len: int,
 
 
 def create_train_state(model, tx: optax.GradientTransformation, seed: int, seq_len: int,
-                       mesh: jax.sharding.Mesh | None = None, sample_inputs=None) -> TrainState:
+                       mesh: jax.sharding.Mesh | None = None, sample_inputs=None, shardings=None) -> TrainState:
   """Initialises parameters and optimizer state under jit, laid out over ``mesh`` (None: default device).
 
-  ``sample_inputs``: see ``_boxed_init`` (None: the language model's).
+  ``sample_inputs``: see ``_boxed_init`` (None: the language model's). ``shardings``: the state's
+  ``train_state_shardings`` on ``mesh`` when the caller has them (None: traced here).
   """
   init = _boxed_init(model, tx, seed, seq_len, sample_inputs)
   if mesh is None:
     return jax.jit(lambda: nn.unbox(init()))()
-  shardings = train_state_shardings(model, tx, seq_len, mesh, sample_inputs)
+  if shardings is None:
+    shardings = train_state_shardings(model, tx, seq_len, mesh, sample_inputs)
   return jax.jit(lambda: nn.unbox(init()), out_shardings=shardings)()

@@ -59,8 +59,8 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, 
   config = tiny_config(expert)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:devices])
   model, tx = TransformerLM(config.model), make_optimizer(config.train)
-  state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
+  state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, shardings=shardings)
   batch = jax.device_put(batch, sharding_lib.batch_sharding(mesh))
   summary[f"{name}/batch_spec"] = str(batch["inputs"].sharding.spec)
 

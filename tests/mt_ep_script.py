@@ -65,8 +65,9 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict) 
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:devices])
   model, tx = task.build_model(config.model), make_optimizer(config.train)
   inputs = task.sample_inputs(config)
-  state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, sample_inputs=inputs)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh, sample_inputs=inputs)
+  state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, sample_inputs=inputs,
+                             shardings=shardings)
   batch = jax.device_put(batch, sharding_lib.batch_sharding(mesh))
 
   def loss_and_outputs(params):

@@ -37,6 +37,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Dense baselines with the MoE model's total parameters (model.moe describes that MoE model; the model has no
   # MoE layer): "deeper" puts more FFN sublayers where the MoE layers were, "wider" the same sublayers, wider.
   config.model.dense_match = "none"  # none | deeper | wider
+  # The LM head and its loss in chunks of this many tokens under jax.checkpoint, never writing the float32
+  # [tokens, vocabulary] logits (stablemoe_jax/models/head.py; docs/speed.md). 0: off (the whole logits).
+  config.model.loss_chunk_tokens = 0
+  # Round the embedding's rows up to a multiple of this (128: 50,257 -> 50,304 for GPT-2's BPE); the padded ids are
+  # never scored or decoded. 0: off (an old checkpoint restores only with it off, or where it pads nothing).
+  config.model.vocab_multiple = 0
 
   config.model.moe = ml_collections.ConfigDict()
   config.model.moe.enabled = True

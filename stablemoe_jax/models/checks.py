@@ -30,6 +30,12 @@ def check_model(config, data_vocab_size: int | None = None) -> None:
   remat = model.get("remat", "none")
   require(remat in REMAT_POLICIES, f"model.remat={remat!r} is unknown; choose one of {tuple(REMAT_POLICIES)}.")
   require(model.vocab_size >= 0, f"model.vocab_size={model.vocab_size} must be >= 0 (0: the tokenizer's).")
+  for key, meaning in (("loss_chunk_tokens", "tokens per chunk of the head's loss, e.g. 4096"),
+                       ("vocab_multiple", "the multiple the vocabulary is padded to, e.g. 128")):
+    value = model.get(key, 0)
+    require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+            f"model.{key}={value!r} must be an integer >= 0 ({meaning}; 0: off); "
+            f"set --config.model.{key}=0 or a positive integer.")
   if data_vocab_size is not None and model.vocab_size:
     require(
         model.vocab_size >= data_vocab_size,

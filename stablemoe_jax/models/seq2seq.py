@@ -22,7 +22,8 @@ import jax.numpy as jnp
 from stablemoe_jax.core.constants import PAD_ID  # noqa: F401  (the pad id; re-exported)
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.moe import MoELayer
-from stablemoe_jax.models.transformer import dense_match_plan, moe_positions, tied_logits
+from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size, tied_logits
+from stablemoe_jax.models.transformer import dense_match_plan, moe_positions
 
 CACHE = "cache"  # the Flax collection of the decoder self-attention's keys and values
 
@@ -178,7 +179,7 @@ class TransformerSeq2Seq(nn.Module):
     cfg = self.config
     d = cfg.d_model
     dtype = jnp.dtype(cfg.dtype)
-    self.embed = nn.Embed(cfg.vocab_size, d, embedding_init=nn.initializers.normal(d**-0.5))
+    self.embed = nn.Embed(padded_vocab_size(cfg), d, embedding_init=embedding_init(cfg))
     self.positions = self.param("positions", nn.initializers.normal(d**-0.5), (cfg.max_len, d))
     self.embedding_dropout = nn.Dropout(cfg.dropout)
     self.encoder_blocks = [EncoderBlock(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype)
@@ -248,7 +249,7 @@ class TransformerSeq2Seq(nn.Module):
 
   def decode(self, encoded: jax.Array | list[tuple[jax.Array, jax.Array]], source: jax.Array,
              decoder_inputs: jax.Array, in_stage1: jax.Array, deterministic: bool = True, decode: bool = False,
-             position: jax.Array | int = 0) -> jax.Array:
+             position: jax.Array | int = 0, head_inputs: bool = False) -> jax.Array | HeadInputs:
     """Logits float32 [B, St, V] of the next token at each decoder input position.
 
     Args:
@@ -261,6 +262,7 @@ class TransformerSeq2Seq(nn.Module):
       decode: cached decoding: ``decoder_inputs`` continue the cached positions (call with
         ``mutable=["cache"]``).
       position: the position of ``decoder_inputs[:, 0]`` (the step index when decoding).
+      head_inputs: return the logits' :class:`HeadInputs` (hidden [B, St, d]) instead, for the chunked loss.
     """
     memory = encoded if isinstance(encoded, (list, tuple)) else [encoded] * len(self.decoder_blocks)
     cross_mask = padding_mask(source)
@@ -268,13 +270,16 @@ class TransformerSeq2Seq(nn.Module):
     y = self._stack("decoder", len(self.decoder_blocks), y, decoder_inputs, in_stage1, deterministic,
                     lambda i, y: self.decoder_blocks[i](y, memory[i], cross_mask, deterministic, decode))
     y = self.decoder_norm(y)
-    return tied_logits(y, self.embed.embedding)
+    if head_inputs:
+      return HeadInputs(y, self.embed.embedding, self.config.vocab_size, self.config.get("loss_chunk_tokens", 0))
+    return tied_logits(y, self.embed.embedding, self.config.vocab_size)
 
   def __call__(self, source: jax.Array, decoder_inputs: jax.Array, in_stage1: jax.Array,
-               deterministic: bool = True, decode: bool = False) -> jax.Array:
-    """source int32 [B, Ss], decoder_inputs int32 [B, St], in_stage1 bool scalar -> logits float32 [B, St, V]."""
+               deterministic: bool = True, decode: bool = False, head_inputs: bool = False) -> jax.Array | HeadInputs:
+    """source int32 [B, Ss], decoder_inputs int32 [B, St], in_stage1 bool scalar -> logits float32 [B, St, V]
+    (``head_inputs``: their :class:`HeadInputs`)."""
     encoded = self.encode(source, in_stage1, deterministic)
-    return self.decode(encoded, source, decoder_inputs, in_stage1, deterministic, decode)
+    return self.decode(encoded, source, decoder_inputs, in_stage1, deterministic, decode, head_inputs=head_inputs)
 
 
 def empty_decode_cache(model: TransformerSeq2Seq, source: jax.Array, length: int, stage2: jax.Array) -> dict:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
+from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size, tied_logits  # noqa: F401
 from stablemoe_jax.models.moe import MoELayer
 
 PLACEMENTS = ("bottom", "middle", "top", "scattered")
@@ -24,17 +25,6 @@ REMAT_POLICIES = {
     "block_dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-
-def tied_logits(x: jax.Array, embedding: jax.Array) -> jax.Array:
-  """The tied LM head: x [..., d] in the compute dtype, embedding [V, d] (float32) -> logits float32 [..., V].
-
-  The matmul runs in x's dtype and its result is cast to float32 for the softmax, as MaxText and PyTorch's
-  autocast do: in bfloat16 that keeps the head (a quarter of a GPT-2-small step's FLOPs: 2 V d per token
-  against ~7 d^2 per block) and both of its backward matmuls on the bf16 tensor cores, where float32
-  inputs ran all three as float32 GEMMs. In float32 it is ``jnp.dot(x, embedding.T)``, as ``nn.Embed.attend``.
-  """
-  return jnp.dot(x, embedding.astype(x.dtype).T).astype(jnp.float32)
 
 
 def moe_positions(num_layers: int, placement: str) -> tuple[int, ...]:
@@ -179,12 +169,14 @@ class TransformerLM(nn.Module):
   config: Any
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, in_stage1: jax.Array, deterministic: bool = True) -> jax.Array:
-    """tokens int32 [B, S], in_stage1 bool scalar -> logits float32 [B, S, V]."""
+  def __call__(self, tokens: jax.Array, in_stage1: jax.Array, deterministic: bool = True,
+               head_inputs: bool = False) -> jax.Array | HeadInputs:
+    """tokens int32 [B, S], in_stage1 bool scalar -> logits float32 [B, S, V]; with ``head_inputs``, the
+    :class:`HeadInputs` of those logits instead (hidden [B, S, d], for the chunked loss)."""
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     d = cfg.d_model
-    embed = nn.Embed(cfg.vocab_size, d, embedding_init=nn.initializers.normal(d**-0.5), name="embed")
+    embed = nn.Embed(padded_vocab_size(cfg), d, embedding_init=embedding_init(cfg), name="embed")
     positions = self.param("positions", nn.initializers.normal(d**-0.5), (cfg.max_len, d))
     x = embed(tokens) * jnp.sqrt(d) + positions[: tokens.shape[1]]
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic).astype(dtype)
@@ -218,4 +210,6 @@ class TransformerLM(nn.Module):
         x = block_cls(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype, attention, name=f"block_{block}")(
             x, deterministic)
     x = nn.LayerNorm(dtype=dtype, name="final_norm")(x)
-    return tied_logits(x, embed.embedding)
+    if head_inputs:
+      return HeadInputs(x, embed.embedding, cfg.vocab_size, cfg.get("loss_chunk_tokens", 0))
+    return tied_logits(x, embed.embedding, cfg.vocab_size)

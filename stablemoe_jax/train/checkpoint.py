@@ -33,14 +33,20 @@ def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
 # Model settings that choose how a result is computed across devices, not the result (like `mesh`, which
 # is never compared): a checkpoint restores under any of their values.
 _LAYOUT_MOE_KEYS = ("dispatcher", "eval_dispatcher", "block_size")
-# Likewise how the model is computed on this machine (attention kernel, rematerialisation): the same parameters.
-_IMPLEMENTATION_MODEL_KEYS = ("attention", "remat")
+# Likewise how the model is computed on this machine (attention kernel, rematerialisation, the head's loss in
+# chunks): the same parameters.
+_IMPLEMENTATION_MODEL_KEYS = ("attention", "remat", "loss_chunk_tokens")
 # Where the inputs lie on this machine (a run reads its prepared data from the workdir).
 _DATA_LOCATION_KEYS = ("data_dir", "tfds_data_dir")
 
 
 def _comparable(config: dict, for_training: bool) -> dict:
   model = {k: v for k, v in config["model"].items() if k not in _IMPLEMENTATION_MODEL_KEYS}
+  # model.vocab_multiple counts by the embedding rows it gives: a checkpoint written before the key (or with it
+  # off) restores wherever it pads nothing, and one with padded rows only where the padding is the same.
+  multiple = model.pop("vocab_multiple", 0)
+  if multiple > 1 and model.get("vocab_size", 0) % multiple:
+    model["padded_vocab_size"] = -(-model["vocab_size"] // multiple) * multiple
   model["moe"] = {k: v for k, v in model.get("moe", {}).items() if k not in _LAYOUT_MOE_KEYS}
   sections = {"model": model, "data": {k: v for k, v in config["data"].items() if k not in _DATA_LOCATION_KEYS}}
   sections["task"] = config.get("task", "lm")  # configs written before the key existed are language models

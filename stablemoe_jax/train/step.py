@@ -34,6 +34,13 @@ def _sum_by_name(flat: dict[str, jax.Array]) -> dict[str, jax.Array]:
   return sums
 
 
+def head_kwargs(model) -> dict:
+  """``{"head_inputs": True}`` when ``model.loss_chunk_tokens`` > 0: the model then returns the head's inputs and
+  the task's loss computes the head in chunks (``models/head.py``); else no keyword (the model returns logits)."""
+  config = getattr(model, "config", None)
+  return {"head_inputs": True} if config is not None and config.get("loss_chunk_tokens", 0) > 0 else {}
+
+
 def step_rngs(step_key: jax.Array) -> dict[str, jax.Array]:
   """The rng streams of one (micro)step: dropout, and the MoE token shuffle derived from it by fold_in."""
   return {"dropout": step_key, SHUFFLE_RNG: jax.random.fold_in(step_key, 1)}
@@ -53,12 +60,13 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task=None) 
   schedule = learning_rate_schedule(config.train)
   base_key = jax.random.key(config.seed)
   task = task or LanguageModelTask()
+  head = head_kwargs(model)
 
   def grads_and_metrics(params, batch: Batch, stage1: jax.Array, step_key: jax.Array):
     def loss_fn(params):
       logits, sown = model.apply(
           {"params": params}, *task.model_inputs(batch), stage1, deterministic=False,
-          rngs=step_rngs(step_key), mutable=[AUX_LOSS, METRICS],
+          rngs=step_rngs(step_key), mutable=[AUX_LOSS, METRICS], **head,
       )
       task_loss = task.train_loss(logits, batch)
       aux = _flatten(sown.get(AUX_LOSS, {}))
@@ -115,9 +123,11 @@ def jit_train_step(model, tx: optax.GradientTransformation, config, mesh: jax.sh
 def make_eval_step(model, task=None) -> Callable[[dict, Batch], dict[str, jax.Array]]:
   """Eval step with inference routing (distilled router): returns summed NLL and token count."""
   task = task or LanguageModelTask()
+  head = head_kwargs(model)
 
   def eval_step(params, batch: Batch):
-    logits = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(False), deterministic=True)
+    logits = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(False), deterministic=True,
+                         **head)
     return task.eval_sums(logits, batch)
   return eval_step
 

@@ -45,6 +45,20 @@ def write_pairs(path: pathlib.Path, pairs: Iterable[tuple[np.ndarray, np.ndarray
   return count
 
 
+Segments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def copy_segments(out: np.ndarray, out_starts: np.ndarray, ids: np.ndarray, starts: np.ndarray,
+                  lengths: np.ndarray) -> None:
+  """``out[out_starts[i]:][:lengths[i]] = ids[starts[i]:][:lengths[i]]`` for every i (flat ``out`` and ``ids``; int64
+  [n] starts and lengths), as one gather and one scatter."""
+  ends = np.cumsum(lengths)
+  if not len(ends) or not ends[-1]:
+    return
+  positions = np.repeat(out_starts - (ends - lengths), lengths) + np.arange(ends[-1])  # in out
+  out[positions] = ids[positions + np.repeat(starts - out_starts, lengths)]
+
+
 class RecordSet:
   """One named set of one pair read from its array_record files (its shards, in order); the interface of
   ``translation.EncodedSet`` that training needs (``len``, ``source(i)``, ``target(i)``, ``pairs(indices)``,
@@ -88,6 +102,22 @@ class RecordSet:
       for position, record in zip(where, records):
         rows[position] = np.frombuffer(record, _INT32)
     return [(row[1:1 + row[0]], row[1 + row[0]:]) for row in rows]
+
+  def segments(self, indices: Sequence[int]) -> Segments:
+    """Where the pairs of ``indices`` lie: (source ids, int64 [n] starts, int64 [n] lengths, target ids, starts,
+    lengths), pair i's source ``source_ids[starts[i]:][:lengths[i]]``; one read per shard, one buffer of them."""
+    indices = np.asarray(indices, np.int64)
+    shards = np.searchsorted(self._firsts, indices, side='right') - 1
+    records: list = [b''] * len(indices)
+    for shard in np.unique(shards):
+      where = np.flatnonzero(shards == shard)
+      for position, record in zip(where, self._readers[shard].read([int(i) for i in indices[where] - self._firsts[shard]])):
+        records[position] = record
+    data = np.frombuffer(b''.join(records), _INT32)
+    sizes = np.fromiter(map(len, records), np.int64, len(records)) // _INT32.itemsize
+    starts = np.cumsum(sizes) - sizes  # each record: [source length, source ids, target ids]
+    source_lengths = data[starts].astype(np.int64)
+    return data, starts + 1, source_lengths, data, starts + 1 + source_lengths, sizes - 1 - source_lengths
 
   def iter_ids(self, block: int = 65536) -> Iterator[np.ndarray]:
     """Every id of the set (sources and targets), in blocks of at most `block` records."""

@@ -26,7 +26,7 @@ import numpy as np
 
 from stablemoe_jax.data.translation import corpora as parallel
 from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID, JointSentencePiece
-from stablemoe_jax.data.translation.pair_records import RecordSet, fitting_pairs  # noqa: F401  (re-exported)
+from stablemoe_jax.data.translation.pair_records import RecordSet, Segments, copy_segments, fitting_pairs  # noqa: F401
 from stablemoe_jax.core.constants import PAD_ID
 from stablemoe_jax.data.common.locate import ENV_VAR, DataError, DataNotFoundError
 
@@ -62,6 +62,16 @@ class EncodedSet:
     """(source, target) ids of each pair in ``indices``."""
     return [(self.source(i), self.target(i)) for i in indices]
 
+  def segments(self, indices) -> Segments:
+    """Where the pairs of ``indices`` lie: (source ids, int64 [n] starts, int64 [n] lengths, target ids, starts,
+    lengths), pair i's source ``source_ids[starts[i]:][:lengths[i]]`` (nothing copied)."""
+    indices = np.asarray(indices, np.int64)
+    out = []
+    for ids, offsets in ((self.source_ids, self.source_offsets), (self.target_ids, self.target_offsets)):
+      starts = offsets[indices]
+      out += [ids, starts, offsets[indices + 1] - starts]
+    return tuple(out)
+
   def fitting(self, max_len: int) -> np.ndarray:
     """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
     return fitting_pairs(np.diff(self.source_offsets), np.diff(self.target_offsets), max_len)
@@ -81,31 +91,74 @@ def encode_set(tokenizer: JointSentencePiece, ps: parallel.ParallelSet) -> Encod
   return EncodedSet(ps.pair, ps.name, *_flatten(sources), *_flatten(targets))
 
 
-def _read_pairs(sets_and_indices: list[tuple[EncodedSet, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
-  """(source, target) ids of each (set, index), in order, with one ``pairs`` call per set (a batched read)."""
-  by_set: dict[int, tuple[EncodedSet, list[int]]] = {}
-  for row, (encoded, _) in enumerate(sets_and_indices):
-    by_set.setdefault(id(encoded), (encoded, []))[1].append(row)
-  read: list = [None] * len(sets_and_indices)
-  for encoded, rows in by_set.values():
-    for row, pair in zip(rows, encoded.pairs([sets_and_indices[r][1] for r in rows])):
-      read[row] = pair
-  return read
+@dataclasses.dataclass(frozen=True)
+class Picks:
+  """The pairs of a batch's rows as arrays: row r is pair ``indices[r]`` of ``sets[set_numbers[r]]``."""
+
+  sets: tuple
+  set_numbers: np.ndarray  # int [n]
+  indices: np.ndarray  # int64 [n]
+
+  @classmethod
+  def from_pairs(cls, sets_and_indices: list[tuple[EncodedSet, int]]) -> "Picks":
+    """From (set, index) pairs (the sets in order of first appearance)."""
+    numbers: dict[int, int] = {}
+    sets = []
+    for encoded, _ in sets_and_indices:
+      if id(encoded) not in numbers:
+        numbers[id(encoded)] = len(sets)
+        sets.append(encoded)
+    set_numbers = np.fromiter((numbers[id(s)] for s, _ in sets_and_indices), np.int64, len(sets_and_indices))
+    indices = np.fromiter((i for _, i in sets_and_indices), np.int64, len(sets_and_indices))
+    return cls(tuple(sets), set_numbers, indices)
+
+  def __len__(self) -> int:
+    return len(self.indices)
+
+  def __getitem__(self, rows: slice) -> "Picks":
+    return Picks(self.sets, self.set_numbers[rows], self.indices[rows])
+
+  def pairs(self) -> list[tuple[EncodedSet, int]]:
+    """As (set, index) pairs."""
+    return [(self.sets[k], int(i)) for k, i in zip(self.set_numbers, self.indices)]
 
 
-def make_rows(sets_and_indices: list[tuple[EncodedSet, int]], rows: int, max_len: int) -> Batch:
-  """A batch of ``rows`` rows [rows, max_len] from (set, index) pairs that fit; the rest are all padding."""
-  source = np.full((rows, max_len), PAD_ID, np.int32)
-  decoder_inputs = np.full((rows, max_len), PAD_ID, np.int32)
-  targets = np.full((rows, max_len), PAD_ID, np.int32)
-  weights = np.zeros((rows, max_len), np.float32)
-  for r, (src, tgt) in enumerate(_read_pairs(sets_and_indices)):
-    source[r, :len(src)] = src
-    decoder_inputs[r, 0] = BOS_ID
-    decoder_inputs[r, 1:len(tgt) + 1] = tgt
-    targets[r, :len(tgt)] = tgt
-    targets[r, len(tgt)] = EOS_ID
-    weights[r, :len(tgt) + 1] = 1.0
+def make_rows(sets_and_indices: list[tuple[EncodedSet, int]] | Picks, rows: int, max_len: int) -> Batch:
+  """A batch of ``rows`` rows [rows, max_len] from (set, index) pairs that fit; the rest are all padding.
+
+  Row r: ``source`` the source ids, ``decoder_inputs`` bos + target ids, ``targets`` target ids + eos, ``weights``
+  1 over the targets and eos, pad (0) after. Each set's pairs are located at once (``segments``) and copied with one
+  gather and scatter a side; the decoder inputs are the targets shifted by one: no per-row Python (~8K rows a batch
+  at configs/mt_paper.py's shortest bucket).
+
+  Raises:
+    ValueError: a pair does not fit ``max_len`` (its source, or its target + eos).
+  """
+  picks = sets_and_indices if isinstance(sets_and_indices, Picks) else Picks.from_pairs(sets_and_indices)
+  # The four arrays are views of one zeroed block (PAD_ID, and weight 0.0): one allocation, one page-in.
+  block = np.zeros((4, rows, max_len), np.int32)
+  if PAD_ID:
+    block[:3] = PAD_ID
+  source, decoder_inputs, targets = block[0], block[1], block[2]
+  n = len(picks)
+  target_lengths = np.zeros(n, np.int64)
+  for number, encoded in enumerate(picks.sets):
+    where = np.flatnonzero(picks.set_numbers == number)
+    if not len(where):
+      continue
+    source_ids, source_starts, source_lengths, target_ids, target_starts, lengths = encoded.segments(
+        picks.indices[where])
+    if source_lengths.max() > max_len or lengths.max() >= max_len:
+      raise ValueError(f"a pair of {encoded.pair} {encoded.name} does not fit {max_len} positions (source "
+                       f"{source_lengths.max()}, target + eos {lengths.max() + 1}); pass pairs that fit.")
+    copy_segments(source.reshape(-1), where * max_len, source_ids, source_starts, source_lengths)
+    copy_segments(targets.reshape(-1), where * max_len, target_ids, target_starts, lengths)
+    target_lengths[where] = lengths
+  decoder_inputs[:n, 1:] = targets[:n, :-1]  # before eos: a fitting target ends before the last position
+  decoder_inputs[:n, 0] = BOS_ID
+  targets[np.arange(n), target_lengths] = EOS_ID
+  weights = block[3].view(np.float32)
+  weights[:n] = np.arange(max_len) <= target_lengths[:, None]
   return {"source": source, "decoder_inputs": decoder_inputs, "targets": targets, "weights": weights}
 
 
@@ -176,16 +229,28 @@ class MixedPairIterator:
     return self
 
   def __next__(self) -> Batch:
+    picks, length = self.draw()
+    return make_rows(picks, len(picks), length)
+
+  def draw(self) -> tuple[Picks, int]:
+    """The next batch's (set, index) picks of this process and its bucket length; advances the iterator."""
     rng = np.random.default_rng([self._seed, self._batches])
     bucket = 0 if len(self._buckets) == 1 else int(rng.choice(len(self._buckets), p=self._bucket_probs))
     length = self._buckets[bucket]
     rows = self._batch_size * (self._max_len // length)
     pairs = rng.choice(len(self._sets), size=rows, p=self._pair_probs[bucket])
-    indices = [self._indices[p][bucket] for p in pairs]
-    picks = [(self._sets[p], int(idx[rng.integers(len(idx))])) for p, idx in zip(pairs, indices)]
+    # One bounded draw per row, as a draw per row would (numpy's Generator draws an array of bounds element by
+    # element: tests/test_mt_rows.py checks the picks against the per-row draws).
+    per_pair = [self._indices[p][bucket] for p in range(len(self._sets))]
+    choice = rng.integers(np.array([len(idx) for idx in per_pair])[pairs])
+    indices = np.zeros(rows, np.int64)
+    for p, idx in enumerate(per_pair):
+      where = pairs == p
+      indices[where] = idx[choice[where]]
+    picks = Picks(tuple(self._sets), pairs, indices)
     self._batches += 1
     mine = picks[self._shard_index * rows // self._shard_count:(self._shard_index + 1) * rows // self._shard_count]
-    return make_rows(mine, len(mine), length)
+    return mine, length
 
   def get_state(self) -> dict:
     return {"batches": self._batches}

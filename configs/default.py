@@ -80,11 +80,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.moe.stablemoe.affinity = "cosine"
   config.model.moe.stablemoe.cosine_dim = 16  # affinity=cosine: P projects h to this many dims (X-MoE: 16); 0: no P
   config.model.moe.stablemoe.cosine_temperature = 0.5  # affinity=cosine: tau's initial value (tutel's 0.5)
+  # affinity=cosine: X-MoE's published expert embeddings (torchscale: 1.5): orthogonal init, every row rescaled to
+  # this norm after each update (models/cosine_routing.py). 0: off (they start at centroid_gain, never rescaled).
+  config.model.moe.stablemoe.cosine_expert_norm = 0.0
   config.model.moe.switch = ml_collections.ConfigDict()
   config.model.moe.switch.balance_weight = 0.01  # weight of N * sum_i f_i P_i (the Switch paper's 0.01)
   config.model.moe.switch.z_loss_weight = 0.0  # router z-loss weight (ST-MoE uses 0.001); 0: off
   config.model.moe.switch.jitter = 0.0  # training-only multiplicative noise U(1-j, 1+j) on the router input; 0: off
   config.model.moe.switch.fixed_routing = False  # True: distil into the distilled router, freeze after stage 1
+  # X-MoE's routing for Switch (the stablemoe section's keys, same meaning): dot | cosine, and cosine's settings.
+  config.model.moe.switch.affinity = "dot"
+  config.model.moe.switch.cosine_dim = 0
+  config.model.moe.switch.cosine_temperature = 0.5
+  config.model.moe.switch.cosine_expert_norm = 0.0
   config.model.moe.base = ml_collections.ConfigDict()
   config.model.moe.base.auction_epsilon = 1e-2  # final auction bid step / score span; gap <= T * eps * span
   config.model.moe.base.auction_max_rounds = 1000  # bidding rounds per phase before a balanced fill-in

@@ -22,7 +22,17 @@ class Method:
   overrides: dict[str, Any]
 
 
-_DOT = {"model.moe.stablemoe.affinity": "dot", "model.moe.stablemoe.cosine_dim": 0}
+_DOT = {"model.moe.stablemoe.affinity": "dot", "model.moe.stablemoe.cosine_dim": 0,
+        "model.moe.stablemoe.cosine_expert_norm": 0.0}
+
+
+def _cosine(router: str, expert_norm: float) -> dict:
+  """X-MoE's cosine routing for ``router``: a 16-dim projection (X-MoE's), tau learned from 0.5, and the expert
+  embeddings at the registry's init (``expert_norm`` 0: today's cosine routing, docs/tuning.md p03) or X-MoE's as
+  published (1.5: orthogonal init, every row rescaled to norm 1.5 after each update; models/cosine_routing.py)."""
+  section = f"model.moe.{router}"
+  return {"model.moe.router": router, f"{section}.affinity": "cosine", f"{section}.cosine_dim": 16,
+          f"{section}.cosine_temperature": 0.5, f"{section}.cosine_expert_norm": expert_norm}
 
 # The one table of methods. Keys are config paths, as on the command line (--config.model.moe.router=switch).
 METHODS = {m.name: m for m in [
@@ -35,9 +45,15 @@ METHODS = {m.name: m for m in [
            {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "all", **_DOT}),
     # all + X-MoE's cosine routing on a 16-dim projection with a learned temperature (docs/tuning.md, probe p03).
     Method("stablemoe_cosine", "StableMoE, all, cosine routing (X-MoE)",
-           {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "all",
-            "model.moe.stablemoe.affinity": "cosine", "model.moe.stablemoe.cosine_dim": 16}),
+           {**_cosine("stablemoe", 0.0), "model.moe.stablemoe.balance_scope": "all"}),
+    # ... with X-MoE's expert embeddings as published (issue 39): orthogonal, held at norm 1.5.
+    Method("stablemoe_xmoe", "StableMoE, all, X-MoE routing as published (expert norm 1.5)",
+           {**_cosine("stablemoe", 1.5), "model.moe.stablemoe.balance_scope": "all"}),
     Method("switch", "Switch Transformer", {"model.moe.router": "switch"}),
+    # Switch with X-MoE's routing, which was designed for a softmax top-k router (issue 38): as stablemoe_cosine's,
+    # and as published.
+    Method("switch_cosine", "Switch Transformer, cosine routing (X-MoE)", _cosine("switch", 0.0)),
+    Method("switch_xmoe", "Switch Transformer, X-MoE routing as published (expert norm 1.5)", _cosine("switch", 1.5)),
     Method("base", "BASE Layer", {"model.moe.router": "base"}),
     Method("hash", "Hash Layer", {"model.moe.router": "hash"}),
     Method("base_fixed", "BASE Layer + fixed routing",

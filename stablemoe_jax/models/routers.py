@@ -36,13 +36,15 @@ import numpy as np
 
 from stablemoe_jax.models import distill
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
+from stablemoe_jax.models.cosine_routing import (AFFINITIES, COSINE_DEFAULTS, MAX_LOGIT_SCALE,  # noqa: F401
+                                                 check_affinity_keys, cosine_affinities, cosine_kwargs, cosine_scores,
+                                                 xmoe_expert_init)
 from stablemoe_jax.models.routing import (AUX_LOSS, BALANCE_SCOPES, METRICS, Routing, masked_mean, router_z_loss,
                                           stablemoe_balance_loss)
 
-# How a learned router scores token t against expert i (model.moe.stablemoe.affinity): "dot" ``h_t . E_i`` (the
-# paper) or "cosine" ``cos(P h_t, E_i) / tau`` with a learned temperature tau (X-MoE, Chi et al., 2022).
-AFFINITIES = ("dot", "cosine")
-MAX_LOGIT_SCALE = 100.0  # the cosine router's 1 / tau is clipped here (tutel's CosineTopKGate: 1 / 0.01)
+# How a learned router scores token t against expert i (model.moe.<router>.affinity): "dot" ``h_t . E_i`` (the
+# paper) or "cosine" ``cos(P h_t, E_i) / tau`` with a learned temperature tau (X-MoE, Chi et al., 2022): the keys,
+# the expert-norm rescale and the shared code are in cosine_routing.py (AFFINITIES, MAX_LOGIT_SCALE re-exported).
 
 
 # --- policies: affinities -> assignment, gate, losses -------------------------------------------------------------
@@ -193,6 +195,9 @@ class LearnedRouter(nn.Module):
     affinity: "dot" (``s = h E^T``) or "cosine" (X-MoE: ``s = cos(P h, E) * exp(logit_scale)``, P a
       bias-free projection to ``cosine_dim`` dimensions (none if 0), the learned ``logit_scale`` = log(1/tau)
       starting at log(1/``cosine_temperature``) and clipped at log(MAX_LOGIT_SCALE)).
+    cosine_expert_norm: with affinity "cosine", r > 0 initialises the centroids as X-MoE does (orthogonal, rows
+      of norm r; ``cosine_routing.xmoe_expert_init``, replacing ``centroid_gain``'s init), and the train step keeps
+      them at norm r (``cosine_routing.expert_norm_hook``); 0: neither.
   """
 
   num_experts: int
@@ -205,29 +210,29 @@ class LearnedRouter(nn.Module):
   affinity: str = "dot"
   cosine_dim: int = 0
   cosine_temperature: float = 0.5
+  cosine_expert_norm: float = 0.0
 
   @nn.compact
   def __call__(self, h: jax.Array, token_ids: jax.Array, in_stage1: jax.Array,
                deterministic: bool = True, token_mask: jax.Array | None = None) -> Routing:
     """h [T, d], token_ids int32 [B, S] or [T], in_stage1 bool scalar, token_mask float32 [T] or None
     -> Routing over T tokens."""
-    init = (nn.initializers.orthogonal(self.centroid_gain) if self.centroid_gain > 0 else
-            nn.initializers.variance_scaling(0.1, "fan_in", "truncated_normal", in_axis=-1, out_axis=-2))
     if self.affinity not in AFFINITIES:
       raise ValueError(f"router affinity {self.affinity!r} is unknown; choose one of {AFFINITIES}.")
-    feature_dim = self.cosine_dim if self.affinity == "cosine" and self.cosine_dim > 0 else h.shape[-1]
+    cosine = self.affinity == "cosine"
+    if cosine and self.cosine_expert_norm > 0:
+      init = xmoe_expert_init(self.cosine_expert_norm)
+    elif self.centroid_gain > 0:
+      init = nn.initializers.orthogonal(self.centroid_gain)
+    else:
+      init = nn.initializers.variance_scaling(0.1, "fan_in", "truncated_normal", in_axis=-1, out_axis=-2)
+    feature_dim = self.cosine_dim if cosine and self.cosine_dim > 0 else h.shape[-1]
     centroids = self.param("centroids", init, (self.num_experts, feature_dim), jnp.float32)
     h = h.astype(jnp.float32)
     if self.jitter > 0 and not deterministic:
       h = h * jax.random.uniform(self.make_rng("dropout"), h.shape, jnp.float32, 1 - self.jitter, 1 + self.jitter)
-    if self.affinity == "cosine":
-      if self.cosine_dim > 0:
-        h = nn.Dense(self.cosine_dim, use_bias=False, dtype=jnp.float32, param_dtype=jnp.float32,
-                     name="cosine_projection")(h)
-      logit_scale = self.param("logit_scale", nn.initializers.constant(-np.log(self.cosine_temperature)), (),
-                               jnp.float32)
-      scores = cosine_scores(h, centroids, logit_scale)
-      self.sow(METRICS, "router_temperature", jnp.exp(-jnp.minimum(logit_scale, np.log(MAX_LOGIT_SCALE))))
+    if cosine:
+      scores = cosine_affinities(self, h, centroids, self.cosine_dim, self.cosine_temperature)
     else:
       scores = h @ centroids.T  # [T, N]
     learned, policy_metrics = self.policy.assign(
@@ -258,22 +263,12 @@ class LearnedRouter(nn.Module):
     return Routing(expert_index=expert_index, gate=self.policy.gate(scores, expert_index))
 
 
-def cosine_scores(h: jax.Array, centroids: jax.Array, logit_scale: jax.Array, eps: float = 1e-4) -> jax.Array:
-  """X-MoE's affinities: ``cos(h_t, E_i) * exp(min(logit_scale, log MAX_LOGIT_SCALE))``, float32 [T, N].
-
-  Both sides are divided by ``max(norm, eps)`` (torch's ``F.normalize``) so a zero vector gives 0, not NaN.
-  """
-  def normalize(x):
-    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
-  scale = jnp.exp(jnp.minimum(logit_scale, np.log(MAX_LOGIT_SCALE)))
-  return (normalize(h) @ normalize(centroids).T) * scale
-
-
 def StableMoERouter(num_experts: int, vocab_size: int, distill_dim: int = 50, balance_alpha: float = 0.3,  # noqa: N802
                     distill_weight: float = 1.0, centroid_gain: float = 0.1,
                     distilled: DistilledRouterSpec | None = None, name: str | None = None,
                     balance_scope: str = "assigned", z_loss_weight: float = 0.0, affinity: str = "dot",
-                    cosine_dim: int = 0, cosine_temperature: float = 0.5) -> LearnedRouter:
+                    cosine_dim: int = 0, cosine_temperature: float = 0.5,
+                    cosine_expert_norm: float = 0.0) -> LearnedRouter:
   """StableMoE (Dai et al., 2022, Sections 3.1-3.3) = the greedy-sigmoid router with its balance loss, two-staged.
 
   Stage 1: greedy top-1 on ``s = h E^T``, gate ``sigmoid(s[t, a_t])``, balance + distillation losses.
@@ -283,7 +278,7 @@ def StableMoERouter(num_experts: int, vocab_size: int, distill_dim: int = 50, ba
   return LearnedRouter(num_experts=num_experts, policy=GreedySigmoid(balance_alpha, balance_scope, z_loss_weight),
                        vocab_size=vocab_size, distilled=distilled, distill_weight=distill_weight,
                        centroid_gain=centroid_gain, affinity=affinity, cosine_dim=cosine_dim,
-                       cosine_temperature=cosine_temperature, name=name)
+                       cosine_temperature=cosine_temperature, cosine_expert_norm=cosine_expert_norm, name=name)
 
 
 # --- the hash router --------------------------------------------------------------------------------------------
@@ -355,9 +350,7 @@ def _num_groups(moe_config) -> int:
 def _stablemoe(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
   return StableMoERouter(num_experts, vocab_size, balance_alpha=settings.balance_alpha,
                          balance_scope=settings.get("balance_scope", "assigned"),
-                         z_loss_weight=settings.get("z_loss_weight", 0.0), affinity=settings.get("affinity", "dot"),
-                         cosine_dim=settings.get("cosine_dim", 0),
-                         cosine_temperature=settings.get("cosine_temperature", 0.5),
+                         z_loss_weight=settings.get("z_loss_weight", 0.0), **cosine_kwargs(settings),
                          distill_weight=_distilled_section(moe_config).distill_weight,
                          centroid_gain=settings.centroid_gain,
                          distilled=_distilled_spec(moe_config, settings.centroid_gain), name="router")
@@ -372,7 +365,7 @@ def _two_stage(settings, moe_config, centroid_gain: float) -> dict:
 
 def _switch(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
   return LearnedRouter(num_experts=num_experts, policy=SwitchSoftmax(settings.balance_weight, settings.z_loss_weight),
-                       vocab_size=vocab_size, centroid_gain=0.0, jitter=settings.jitter,
+                       vocab_size=vocab_size, centroid_gain=0.0, jitter=settings.jitter, **cosine_kwargs(settings),
                        **_two_stage(settings, moe_config, 0.1), name="router")
 
 
@@ -391,30 +384,20 @@ def _hash(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Modu
 def _check_stablemoe(s, moe_config) -> list[str]:
   get = lambda key: s.get(key, STABLEMOE_DEFAULTS[key])
   problems = [f"model.moe.stablemoe.{k}={get(k)} must be >= 0 (0 turns it off)." for k in
-              ("balance_alpha", "centroid_gain", "z_loss_weight", "cosine_dim") if get(k) < 0]
+              ("balance_alpha", "centroid_gain", "z_loss_weight") if get(k) < 0]
   scope = get("balance_scope")
   if scope not in BALANCE_SCOPES:
     problems.append(f"model.moe.stablemoe.balance_scope={scope!r} is unknown; choose 'assigned' (the paper's "
                     f"Eq. 3) or 'all' (every token's gate; keeps the gate alive at small scale, README "
                     f"'Router health').")
-  if get("affinity") not in AFFINITIES:
-    problems.append(f"model.moe.stablemoe.affinity={get('affinity')!r} is unknown; choose 'dot' (the paper: h . E_i) "
-                    f"or 'cosine' (X-MoE: cos(P h, E_i) / a learned temperature).")
-  if not get("cosine_temperature") > 0:
-    problems.append(f"model.moe.stablemoe.cosine_temperature={get('cosine_temperature')} must be > 0 (the learned "
-                    f"temperature's initial value; tutel's cosine router starts at 0.5).")
-  if get("affinity") != "cosine":
-    problems += [f"model.moe.stablemoe.{k}={get(k)} applies only to cosine routing; add "
-                 f"--config.model.moe.stablemoe.affinity=cosine or drop the override."
-                 for k in ("cosine_dim", "cosine_temperature") if get(k) != STABLEMOE_DEFAULTS[k]]
-  return problems
+  return problems + check_affinity_keys("stablemoe", get)
 
 
 def _check_switch(s, moe_config) -> list[str]:
   problems = [f"model.moe.switch.{k}={s[k]} must be >= 0." for k in ("balance_weight", "z_loss_weight") if s[k] < 0]
   if not 0 <= s.jitter < 1:
     problems.append(f"model.moe.switch.jitter={s.jitter} must lie in [0, 1) (0 turns it off).")
-  return problems
+  return problems + check_affinity_keys("switch", lambda key: s.get(key, SWITCH_DEFAULTS[key]))
 
 
 def _check_base(s, moe_config) -> list[str]:
@@ -465,16 +448,17 @@ def _fill_hash(router_params, settings, num_experts, token_counts):
 
 # StableMoE's settings: the paper's wherever it has one; z_loss_weight and the cosine keys are deviations, off here.
 STABLEMOE_DEFAULTS = dict(balance_alpha=0.3, centroid_gain=0.1, balance_scope="assigned", z_loss_weight=0.0,
-                          affinity="dot", cosine_dim=0, cosine_temperature=0.5)
+                          **COSINE_DEFAULTS)
+# Switch's: the paper's; the cosine keys (X-MoE's routing, designed for a softmax top-k router) are off here.
+SWITCH_DEFAULTS = dict(balance_weight=0.01, z_loss_weight=0.0, jitter=0.0, fixed_routing=False, **COSINE_DEFAULTS)
 
 ROUTERS: dict[str, RouterEntry] = {
     "stablemoe": RouterEntry(
         _stablemoe, STABLEMOE_DEFAULTS, _check_stablemoe, uses_distilled_router=lambda s: True,
-        preset_keys=("balance_scope", "z_loss_weight", "affinity", "cosine_dim",
-                     "cosine_temperature")),
+        preset_keys=("balance_scope", "z_loss_weight", *COSINE_DEFAULTS)),
     "switch": RouterEntry(
-        _switch, dict(balance_weight=0.01, z_loss_weight=0.0, jitter=0.0, fixed_routing=False), _check_switch,
-        uses_distilled_router=lambda s: s.fixed_routing),
+        _switch, SWITCH_DEFAULTS, _check_switch, uses_distilled_router=lambda s: s.fixed_routing,
+        preset_keys=tuple(COSINE_DEFAULTS)),
     "base": RouterEntry(
         _base, dict(auction_epsilon=1e-2, auction_max_rounds=1000, centroid_gain=0.1, fixed_routing=False),
         _check_base, uses_distilled_router=lambda s: s.fixed_routing),

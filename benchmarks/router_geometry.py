@@ -3,16 +3,20 @@
 Trains the config's model from its init and, every ``--every`` steps, on one fixed training batch,
 prints a JSON line with: the norm of the batch-mean MoE input ``|mean_t h_t|`` and the mean ``|h_t|``
 (their ratio near 1 means every token points the same way), the range over experts of the scores'
-shared part ``E_i . mean_t h_t``, the spread of a score over tokens (std over t of
-``s[t, i] - mean_t s[t, i]``, averaged over i), the mean gate ``sigmoid(max_i s[t, i])`` and how far the
-shared parts moved per step since the last line. docs/router_health.md shows it for the paper's loss.
+shared part ``mean_t s[t, i]`` (``E_i . mean_t h_t`` with the paper's dot product), the spread of a score
+over tokens (std over t of ``s[t, i] - mean_t s[t, i]``, averaged over i), the mean gate
+``sigmoid(max_i s[t, i])`` and how far the shared parts moved per step since the last line. The scores are
+the router's own: ``h E^T``, or ``cos(P h, E) / tau`` under ``model.moe.stablemoe.affinity=cosine`` (the CPU
+default). docs/router_health.md shows it for the paper's router (its loss and dot-product routing):
 
   python -m benchmarks.router_geometry --config configs/default.py --workdir /tmp/geometry \
-      --config.model.moe.stablemoe.balance_scope=assigned --config.train.learning_rate=4e-3 --steps 30
+      --config.model.moe.stablemoe.balance_scope=assigned --config.model.moe.stablemoe.affinity=dot \
+      --config.model.moe.stablemoe.cosine_dim=0 --config.train.learning_rate=4e-3 --steps 30
 """
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 import flax.linen as nn
 import jax
@@ -22,6 +26,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from stablemoe_jax.cli import run_app
+from stablemoe_jax.models import routers
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.train.loop import Experiment
 
@@ -32,29 +37,46 @@ _EVERY = flags.DEFINE_integer("every", 5, "Measure every this many steps.")
 
 
 def moe_input_geometry(exp: Experiment, params, batch, layer: str = "moe_0") -> dict[str, jax.Array]:
-  """Scalars of the MoE input h [T, d] of ``layer`` on ``batch`` (shared_score: [N])."""
-  h = _capture_input(exp, params, batch, layer)
-  centroids = params[layer]["router"]["centroids"]  # [N, d]
+  """Scalars of the MoE input h [T, d] of ``layer`` on ``batch`` and of its router's scores s [T, N]
+  (shared_score: [N]). The scores are the router's own (``h E^T``, or with ``affinity=cosine`` ``cos(P h, E) /
+  tau``), so the shared part ``mean_t s[t, i]`` is ``E_i . mean_t h_t`` for the paper's dot product."""
+  h, scores = _capture_input_and_scores(exp, params, batch, layer)
   mean_h = h.mean(axis=0)
-  scores = h @ centroids.T  # [T, N]
+  shared = scores.mean(axis=0)  # [N]
   return {"mean_input_norm": jnp.linalg.norm(mean_h), "input_norm": jnp.linalg.norm(h, axis=-1).mean(),
-          "shared_score": centroids @ mean_h, "token_spread": (scores - scores.mean(axis=0)).std(axis=0).mean(),
+          "shared_score": shared, "token_spread": (scores - shared).std(axis=0).mean(),
           "mean_gate": jax.nn.sigmoid(scores.max(axis=-1)).mean()}
 
 
-def _capture_input(exp: Experiment, params, batch, layer: str) -> jax.Array:
-  """The input x [B, S, d] of MoE layer ``layer`` as h [T, d], via a forward with that layer's call intercepted."""
-  captured = {}
+def _capture_input_and_scores(exp: Experiment, params, batch, layer: str) -> tuple[jax.Array, jax.Array]:
+  """The input x [B, S, d] of MoE layer ``layer`` as h [T, d], and the scores [T, N] its greedy-sigmoid router
+  (StableMoE's stage 1) hands to its policy, via a forward with that layer's call and the policy intercepted."""
+  captured, inside = {}, []
 
   def interceptor(next_fun, args, kwargs, context):
-    if context.module.name == layer and context.method_name == "__call__":
-      captured["x"] = args[0]
-    return next_fun(*args, **kwargs)
+    if context.module.name != layer or context.method_name != "__call__":
+      return next_fun(*args, **kwargs)
+    captured["x"] = args[0]
+    inside.append(True)
+    try:
+      return next_fun(*args, **kwargs)
+    finally:
+      inside.pop()
 
-  with nn.intercept_methods(interceptor):
+  assign = routers.GreedySigmoid.assign
+
+  def recording_assign(policy, scores, *args, **kwargs):
+    if inside:
+      captured["scores"] = scores
+    return assign(policy, scores, *args, **kwargs)
+
+  with nn.intercept_methods(interceptor), mock.patch.object(routers.GreedySigmoid, "assign", recording_assign):
     exp.model.apply({"params": params}, batch["inputs"], jnp.array(True), deterministic=True)
+  if "scores" not in captured:
+    raise ValueError(f"layer {layer}'s router does not score tokens with a greedy sigmoid (model.moe.router="
+                     f"{exp.config.model.moe.router!r}); this benchmark measures the stablemoe router.")
   x = captured["x"]
-  return x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+  return x.reshape(-1, x.shape[-1]).astype(jnp.float32), captured["scores"].astype(jnp.float32)
 
 
 def main(argv):

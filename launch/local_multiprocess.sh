@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # N processes on this machine, D CPU devices each (default 1), joined by jax.distributed (gloo collectives):
 # a real multi-host run without a cluster, for checking a launch before paying for one.
-#   launch/local_multiprocess.sh 2 --config configs/default.py --workdir runs/mp --config.train.steps=20
+#   launch/local_multiprocess.sh 2 --config configs/default.py --workdir runs/mp --config.train.steps=20 \
+#     --config.train.stage1_steps=10 --config.train.warmup_steps=5
 #   launch/local_multiprocess.sh 2 2 --config configs/default.py --workdir runs/mp      # 2 processes x 2 devices
 #   DEVICES_PER_PROCESS=2 launch/local_multiprocess.sh 2 --config configs/default.py --workdir runs/mp
 # Every other argument goes to `python -m stablemoe_jax.main` (e.g. --config.mesh.expert=4).

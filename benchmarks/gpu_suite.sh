@@ -4,6 +4,7 @@
 #   OUT=/tmp/out bash benchmarks/gpu_suite.sh [part ...]   parts: base32 base16 layer large agreement
 #                                                          (default: base32 base16 layer, ~6.5 minutes)
 #   OUT=/tmp/out bash benchmarks/gpu_suite.sh large        lm_large alone: its dense compile took over 2 minutes
+#   OUT=/tmp/out bash benchmarks/gpu_suite.sh issue40      head32 head16 cublas32 large (issue 40; see below)
 #
 # Writes $OUT/<part>.jsonl (one JSON object per line), $OUT/suite.log (every command, its stderr and exit status)
 # and $OUT/env.txt (GPU, driver, versions). The parts run in the order given, by priority, each under its own
@@ -19,6 +20,16 @@
 #   large: configs/lm_large.py on one device (mesh.expert=1), 4 x 1024 tokens (LARGE_ROWS; 8 on an H200):
 #     reference, dense and index at cf 1.0.
 #   agreement: benchmarks.loss_agreement, 200 steps of the CPU default model, dispatchers x float32 / bfloat16.
+#   head32 / head16 (issue 40): benchmarks.throughput on lm_base at 32 / 16 x 1024 tokens, every change of issue 40
+#     on and off in the same process: the reference, dense, dense with the padded vocabulary (model.vocab_multiple
+#     =128), with the chunked loss (model.loss_chunk_tokens=$CHUNK, default 8192) and with both, then index dispatch
+#     at cf 1.0 without and with both (head16: the both-off and both-on rows only).
+#   cublas32: the reference, dense and dense with both changes at 32 x 1024 with XLA_FLAGS
+#     --xla_gpu_enable_triton_gemm=false (the head's GEMM on cuBLAS instead of a Triton fusion). An XLA flag is
+#     read once per process, so this is a process of its own: compare its rows with head32's.
+#   issue40 = head32 head16 cublas32 large, by priority. Estimated from the 27 Nov compiles (20-40 s a train step,
+#     lm_large's dense over 2 minutes), one 450 s call finishes head32, head16 and cublas32 and skips or cuts large:
+#     run `large` in a second call on the warm machine (the compilation cache then holds head32's programs).
 # Compiles dominate (20-40 s a train step at lm_base): JAX_COMPILATION_CACHE_DIR makes a rerun on a warm
 # machine skip them.
 set -u
@@ -58,7 +69,21 @@ base() {  # base ROWS
     ${PROFILE:+--profile_dir /tmp/profile$1}
 }
 
+CHUNK=${CHUNK:-8192}
+ON="model.vocab_multiple=128,model.loss_chunk_tokens=$CHUNK"
+DENSE_ON="dense_pad:model.moe.enabled=False,model.vocab_multiple=128;dense_chunk:model.moe.enabled=False,model.loss_chunk_tokens=$CHUNK"
+BOTH="dense_pad_chunk:model.moe.enabled=False,$ON"
+MOE="index_cf1.0:model.moe.dispatcher=index,model.moe.capacity_factor=1.0"
+MOE_ON="index_cf1.0_pad_chunk:model.moe.dispatcher=index,model.moe.capacity_factor=1.0,$ON"
+head() {  # head ROWS SECONDS CASES [PART [env ...]]: lm_base at ROWS x 1024 tokens, the reference and dense first
+  local rows=$1 seconds=$2 cases=$3 part=${4:-head$1}; shift 4 2>/dev/null || shift $#
+  run $part $seconds "$@" $PY -m benchmarks.throughput --config configs/lm_base.py --config.train.batch_size=$rows \
+    --config.train.microbatches=1 --config.model.moe.num_groups=$rows --steps 6 --warmup 2 --cases "$cases" \
+    ${PROFILE:+--profile_dir /tmp/profile_$part}
+}
+
 LARGE_ROWS=${LARGE_ROWS:-4}
+[ "$PARTS" = issue40 ] && PARTS="head32 head16 cublas32 large"
 for part in $PARTS; do
   case $part in
     base32) base 32 ;;
@@ -76,7 +101,11 @@ for part in $PARTS; do
         --steps 5 --warmup 1 --cases "index_cf1.0:model.moe.dispatcher=index,model.moe.capacity_factor=1.0" ;;
     agreement)
       run agreement 80 $PY -m benchmarks.loss_agreement --config configs/default.py --steps 200 ;;
-    *) echo "unknown part $part (base32 base16 layer large agreement)" >&2; exit 2 ;;
+    head32) head 32 220 "$DENSE_ON;$BOTH;$MOE;$MOE_ON" ;;
+    head16) head 16 150 "$BOTH;$MOE;$MOE_ON" ;;
+    cublas32) head 32 100 "$BOTH" cublas32 env XLA_FLAGS="--xla_gpu_enable_triton_gemm=false ${XLA_FLAGS:-}" ;;
+    *) echo "unknown part $part (base32 base16 layer large agreement head32 head16 cublas32, or issue40)" >&2
+       exit 2 ;;
   esac
 done
 ls -l "$OUT"

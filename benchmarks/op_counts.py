@@ -21,13 +21,27 @@ def _short(dtype) -> str:
 
 
 def jaxpr_counts(closed: jex.ClosedJaxpr) -> dict[str, float]:
-  """Op counts of a traced step (see the module docstring); keys like ``convert bf16->f32``, ``dot f32xf32->f32``."""
+  """Op counts of a traced step (see the module docstring); keys like ``convert bf16->f32``, ``dot f32xf32->f32``.
+
+  ``f32 bytes written``: the bytes of every float32 value an equation produces (a scan's body once per iteration;
+  a call's outputs counted inside it), before XLA fuses any; ``f32 largest tensor elements`` / ``... shape``: the
+  largest of them (the LM's [tokens, vocabulary] logits, unless the loss is chunked).
+  """
   counts: collections.Counter = collections.Counter()
+  largest: list = [0, ()]
 
   def walk(jaxpr: jex.Jaxpr, times: int) -> None:
     for eqn in jaxpr.eqns:
       name = eqn.primitive.name
       counts["equations"] += times
+      if not jex.jaxprs_in_params(eqn.params):
+        for var in eqn.outvars:
+          aval = var.aval
+          if str(getattr(aval, "dtype", "")) == "float32":
+            size = math.prod(aval.shape)
+            counts["f32 bytes written"] += times * 4 * size
+            if size > largest[0]:
+              largest[:] = [size, tuple(aval.shape)]
       if name == "convert_element_type":
         aval_in, aval_out = eqn.invars[0].aval, eqn.outvars[0].aval
         key = f"convert {_short(aval_in.dtype)}->{_short(aval_out.dtype)}"
@@ -51,6 +65,8 @@ def jaxpr_counts(closed: jex.ClosedJaxpr) -> dict[str, float]:
         walk(sub.jaxpr if isinstance(sub, jex.ClosedJaxpr) else sub, inner)
 
   walk(closed.jaxpr, 1)
+  counts["f32 largest tensor elements"] = largest[0]
+  counts["f32 largest tensor shape"] = "x".join(map(str, largest[1]))
   return dict(sorted(counts.items()))
 
 

@@ -8,10 +8,12 @@ For the dense backbone of a config (``model.moe.enabled=False``, ``main``'s own 
 * ``jaxpr``: counts from the traced step (any machine, nothing compiled): dtype casts (``convert``, with the
   elements they touch, by source -> target dtype), ``transpose``, ``copy``, random-number ops, every
   ``dot_general`` by operand and result dtypes with its FLOPs (``dot_flops``), and all equations; a scan's
-  body counts once per iteration;
+  body counts once per iteration; the float32 bytes its equations write and the largest float32 tensor (its
+  elements and shape: the [tokens, vocabulary] logits unless ``model.loss_chunk_tokens`` chunks the loss);
 * ``hlo`` (``--compiled``): counts from the program XLA compiled for this machine's device (after fusion and
   layout assignment): ``convert``, ``transpose``, ``copy``, ``dot`` / gemm custom calls by dtype, fusions, and
-  XLA's FLOPs. CPU and GPU compile differently: compare rows of the same device only.
+  XLA's FLOPs; and XLA's memory analysis: ``compiled_memory_bytes`` (arguments + outputs - aliases + temporaries,
+  the step's peak on the device as XLA plans it) and ``compiled_temp_bytes``. CPU and GPU compile differently: compare rows of the same device only.
 
 ``--cases`` (as in ``benchmarks.throughput``) adds a row per case; the last lines give the differences of every
 count: ``dense - reference`` and ``<case> - dense``.
@@ -27,8 +29,8 @@ import ml_collections
 
 from benchmarks import reference_gpt2
 from benchmarks.op_counts import hlo_counts, jaxpr_counts
-from benchmarks.throughput import (DENSE_OVERRIDES, DEFAULT_VOCAB_SIZE, Case, case_config, parse_cases,
-                                   synthetic_batch)
+from benchmarks.throughput import (DENSE_OVERRIDES, DEFAULT_VOCAB_SIZE, Case, _compiled_bytes, case_config,
+                                   parse_cases, synthetic_batch)
 from stablemoe_jax.config_validation import ConfigError
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import mesh as mesh_lib
@@ -85,6 +87,8 @@ def step_rows(base: ml_collections.ConfigDict, cases: list[Case] = (), *, compil
         executable = traced.lower().compile()
         row["hlo"] = hlo_counts(executable.as_text())
         row["xla_flops"] = _xla_flops(executable)
+        row["compiled_memory_bytes"] = _compiled_bytes(executable)  # arguments + outputs - aliases + temporaries
+        row["compiled_temp_bytes"] = _temp_bytes(executable)
     rows.append(row)
   for row, baseline in [(rows[1], rows[0])] + [(row, rows[1]) for row in rows[2:]]:
     rows.append({"step": f"{row['step']} - {baseline['step']}",
@@ -92,8 +96,18 @@ def step_rows(base: ml_collections.ConfigDict, cases: list[Case] = (), *, compil
   return rows
 
 
+def _temp_bytes(compiled) -> int | None:
+  try:
+    return int(compiled.memory_analysis().temp_size_in_bytes)
+  except Exception:  # noqa: BLE001 - backends without a memory analysis
+    return None
+
+
 def _difference(a: dict, b: dict) -> dict:
-  return {k: a.get(k, 0) - b.get(k, 0) for k in sorted(set(a) | set(b)) if a.get(k, 0) != b.get(k, 0)}
+  """a - b for every count that differs; a value that is not a number (a shape) as ``"a (b)"``."""
+  def minus(x, y):
+    return x - y if isinstance(x, (int, float)) and isinstance(y, (int, float)) else f"{x} ({y})"
+  return {k: minus(a.get(k, 0), b.get(k, 0)) for k in sorted(set(a) | set(b)) if a.get(k, 0) != b.get(k, 0)}
 
 
 def main() -> None:

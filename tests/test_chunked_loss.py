@@ -73,6 +73,20 @@ def test_chunked_loss_and_gradients_match_numpy(smoothing, chunk, padded):
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("chunk,padded", [(8, 21), (1000, 21), (5, 128)])
+def test_fused_mean_loss_and_gradients_match_numpy(smoothing, chunk, padded):
+  """Training's loss: the gradients computed in the forward pass, scaled by the cotangent in the backward."""
+  x, embedding, targets, weights = _case(padded=padded)
+  loss = lambda x, e: 3.0 * losses.mean_loss(HeadInputs(x, e, 21, chunk), jnp.asarray(targets), weights, smoothing)
+  value, (dx, de) = jax.value_and_grad(loss, argnums=(0, 1))(x, embedding)
+  ref_value, _, ref_dx, ref_de = numpy_loss_and_grads(x, embedding, targets, weights, smoothing, 21)
+  np.testing.assert_allclose(value, 3.0 * ref_value, **TOL)
+  np.testing.assert_allclose(dx, 3.0 * ref_dx, **TOL)
+  np.testing.assert_allclose(de, 3.0 * ref_de, **TOL)
+  assert not np.any(de[21:])
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_whole_logits_path_matches_numpy(smoothing):
   """The unchunked path (today's), also with a padded embedding whose extra columns it cuts off."""
   x, embedding, targets, weights = _case(padded=32)
@@ -90,13 +104,15 @@ def test_whole_logits_path_matches_numpy(smoothing):
   np.testing.assert_allclose(de, ref_de, **TOL)
 
 
-def test_chunked_loss_in_bfloat16_keeps_float32_gradients():
+def test_chunked_losses_in_bfloat16_keep_float32_gradients():
   x, embedding, targets, _ = _case(tokens=64, d=16, vocab=40, padded=40)
-  head = lambda x, e: jnp.sum(chunked_nll(HeadInputs(x.astype(jnp.bfloat16), e, 40, 16), jnp.asarray(targets)))
-  dx, de = jax.grad(head, argnums=(0, 1))(x, embedding)
-  assert de.dtype == jnp.float32 and dx.dtype == jnp.float32
-  _, _, ref_dx, ref_de = numpy_loss_and_grads(x, embedding, targets, np.ones(64), 0.0, 40)
-  np.testing.assert_allclose(de / 64, ref_de, rtol=0.05, atol=0.02)  # bf16 inputs: bf16 tolerance
+  _, _, _, ref_de = numpy_loss_and_grads(x, embedding, targets, np.ones(64), 0.0, 40)
+  bf16 = lambda x, e: HeadInputs(x.astype(jnp.bfloat16), e, 40, 16)
+  for loss in (lambda x, e: jnp.mean(chunked_nll(bf16(x, e), jnp.asarray(targets))),
+               lambda x, e: losses.mean_loss(bf16(x, e), jnp.asarray(targets), jnp.ones(64))):
+    dx, de = jax.grad(loss, argnums=(0, 1))(x, embedding)
+    assert de.dtype == jnp.float32 and dx.dtype == jnp.float32
+    np.testing.assert_allclose(de, ref_de, rtol=0.05, atol=2e-3)  # bf16 inputs: bf16 tolerance
 
 
 def test_padded_vocab_size():
@@ -181,7 +197,7 @@ def test_lm_init_with_padding_is_the_unpadded_init_plus_zero_rows():
   assert padded["embed"]["embedding"].shape == (64, 32)
 
 
-@pytest.mark.parametrize("chunk,multiple", [(16, 0), (24, 64)])
+@pytest.mark.parametrize("chunk,multiple", [(16, 0), pytest.param(24, 64, marks=pytest.mark.slow)])  # slow: ~25 s
 def test_lm_loss_gradients_and_eval_sums_with_the_keys_on(chunk, multiple):
   config, model = _lm_setup()
   params = conftest.jit_init(model, 0, jnp.zeros((1, 16), jnp.int32), jnp.array(True))["params"]
@@ -217,7 +233,8 @@ def _mt_batch(rows=4, length=12, vocab=40, seed=2):
   return {"source": source, "decoder_inputs": decoder_inputs, "targets": targets, "weights": weights}
 
 
-@pytest.mark.parametrize("chunk,multiple", [pytest.param(5, 128, marks=pytest.mark.slow), (0, 64)])
+@pytest.mark.parametrize("chunk,multiple", [pytest.param(5, 128, marks=pytest.mark.slow),  # ~30 s each
+                                            pytest.param(0, 64, marks=pytest.mark.slow)])
 def test_translation_smoothed_loss_gradients_and_eval_sums_with_the_keys_on(chunk, multiple):
   config = mt_fixtures.tiny_model_config(vocab_size=40)
   config.train.label_smoothing = 0.1

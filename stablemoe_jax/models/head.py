@@ -5,10 +5,11 @@ padded rows are never looked up and never scored (their logits are cut off or ma
 the loss, the perplexity and every decoded id are those of the unpadded vocabulary.
 
 ``model.loss_chunk_tokens`` > 0: the models return :class:`HeadInputs` (the final hidden states and the
-embedding) instead of logits to the train and eval steps, and :func:`chunked_nll` computes the head and the
-per-token loss ``chunk`` tokens at a time under ``jax.checkpoint``, as MaxText's vocabulary tiling does: the
-forward keeps one chunk's [chunk, V] logits at a time and the backward recomputes them chunk by chunk, so
-neither writes the [T, V] float32 logits (6.6 GB a pass at 32 x 1,024 tokens and V 50,257).
+embedding) instead of logits to the train and eval steps, and the head and its loss run ``chunk`` tokens at a
+time, so no step writes the [T, V] float32 logits (6.6 GB a pass at 32 x 1,024 tokens and V 50,257): training's
+:func:`chunked_mean_loss` computes each chunk's loss and its gradients in the forward pass (a fused linear
+cross-entropy), evaluation's :func:`chunked_nll` the per-token loss (under ``jax.checkpoint``, as MaxText's
+vocabulary tiling, if differentiated).
 """
 from __future__ import annotations
 
@@ -75,41 +76,100 @@ class HeadInputs:
     return tied_logits(self.hidden, self.embedding, self.vocab_size)
 
 
+def _in_chunks(head: HeadInputs, *per_token: jax.Array) -> tuple[int, jax.Array, tuple[jax.Array, ...]]:
+  """(tokens, hidden [n, C, d], each of ``per_token`` [n, C]): the tokens cut into n chunks of C, the last padded
+  with zeros (a padded token's hidden state is 0, its target 0 and its weight 0)."""
+  d = head.hidden.shape[-1]
+  x = head.hidden.reshape(-1, d)
+  tokens = x.shape[0]
+  chunk = max(1, min(head.chunk_tokens, tokens))
+  pad = -tokens % chunk
+  rows = lambda a: jnp.pad(a.reshape(-1), (0, pad)).reshape(-1, chunk)
+  return tokens, jnp.pad(x, ((0, pad), (0, 0))).reshape(-1, chunk, d), tuple(rows(a) for a in per_token)
+
+
+def _chunk_loss(x_chunk: jax.Array, embedding: jax.Array, t_chunk: jax.Array, vocab: int, smoothing: float
+                ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+  """One chunk: x_chunk [C, d] and embedding [Vp, d] in the compute dtype, targets int32 [C] ->
+  (per-token loss float32 [C], logits float32 [C, Vp] with the padded columns at -inf, the real columns' mask)."""
+  logits = jnp.dot(x_chunk, embedding.T).astype(jnp.float32)
+  padded = embedding.shape[0]
+  real = None
+  if padded > vocab:
+    real = jnp.arange(padded) < vocab
+    logits = jnp.where(real, logits, -jnp.inf)
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  target = jnp.take_along_axis(logits, t_chunk[:, None], axis=-1)[:, 0]
+  nll = lse - target
+  if smoothing:
+    total = jnp.sum(logits if real is None else jnp.where(real, logits, 0.0), axis=-1)
+    nll = lse - (1.0 - smoothing) * target - smoothing * total / vocab
+  return nll, logits, real
+
+
 def chunked_nll(head: HeadInputs, targets: jax.Array, smoothing: float = 0.0) -> jax.Array:
   """Per-token cross-entropy, float32 [...] (targets int32 [...], the hidden states' leading shape).
 
   Against ``(1 - smoothing) * one_hot + smoothing / V`` over the V real ids (``smoothing`` 0: the plain NLL):
   ``lse - (1 - smoothing) z_target - smoothing * mean_v z_v``, which is ``optax.softmax_cross_entropy`` of the
   smoothed labels. The tokens are cut into chunks of ``head.chunk_tokens`` (the last zero-padded); each chunk's
-  logits [chunk, Vp] are computed in the compute dtype, cast to float32 and reduced inside ``jax.checkpoint``,
-  so only the chunk's hidden states are kept for the backward. The embedding's gradient is summed over the
-  chunks in float32 (the float32 embedding is what the scan closes over; each chunk casts it).
+  logits [chunk, Vp] are computed in the compute dtype, cast to float32 and reduced inside ``jax.checkpoint``, so
+  a backward keeps only the chunks' hidden states and recomputes each chunk's logits (one more head matmul;
+  training uses :func:`chunked_mean_loss`, which does not). The embedding's gradient is summed over the chunks in
+  float32 (the float32 embedding is what the scan closes over; each chunk casts it).
   """
-  d = head.hidden.shape[-1]
-  x, t = head.hidden.reshape(-1, d), targets.reshape(-1)
-  tokens = x.shape[0]
-  chunk = max(1, min(head.chunk_tokens, tokens))
-  pad = -tokens % chunk
-  xs = jnp.pad(x, ((0, pad), (0, 0))).reshape(-1, chunk, d)
-  ts = jnp.pad(t, (0, pad)).reshape(-1, chunk)
-  vocab, padded = head.vocab_size, head.embedding.shape[0]
-  embedding = head.embedding
+  tokens, xs, (ts,) = _in_chunks(head, targets)
+  embedding, vocab = head.embedding, head.vocab_size
 
   @jax.checkpoint
   def one_chunk(x_chunk: jax.Array, t_chunk: jax.Array) -> jax.Array:
-    """x_chunk [C, d], t_chunk int32 [C] -> float32 [C]."""
-    logits = jnp.dot(x_chunk, embedding.astype(x_chunk.dtype).T).astype(jnp.float32)  # [C, Vp]
-    real = None
-    if padded > vocab:
-      real = jnp.arange(padded) < vocab
-      logits = jnp.where(real, logits, -jnp.inf)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    target = jnp.take_along_axis(logits, t_chunk[:, None], axis=-1)[:, 0]
-    nll = lse - target
-    if smoothing:
-      total = jnp.sum(logits if real is None else jnp.where(real, logits, 0.0), axis=-1)
-      nll = lse - (1.0 - smoothing) * target - smoothing * total / vocab
-    return nll
+    return _chunk_loss(x_chunk, embedding.astype(x_chunk.dtype), t_chunk, vocab, smoothing)[0]
 
   per_token = jax.lax.map(lambda pair: one_chunk(*pair), (xs, ts))
   return per_token.reshape(-1)[:tokens].reshape(targets.shape)
+
+
+def chunked_mean_loss(head: HeadInputs, targets: jax.Array, weights: jax.Array, smoothing: float = 0.0
+                      ) -> jax.Array:
+  """float32 scalar ``sum(weights * loss) / max(sum(weights), 1)`` of :func:`chunked_nll`'s per-token loss, whose
+  gradients are computed in its forward pass, chunk by chunk (a fused linear cross-entropy, as Liger's and
+  MaxText's): each chunk's logits [chunk, Vp] give its loss, ``dz = (softmax - smoothed labels) * weight / norm``,
+  the hidden states' gradient ``dz @ E`` and the embedding's ``dz^T x`` (float32 accumulation over the chunks). The
+  backward only scales those by the incoming cotangent: three head matmuls as with whole logits, no recompute, and
+  no [T, V] array in either pass. targets int32, weights float32, both the hidden states' leading shape.
+  """
+  vocab, chunk = head.vocab_size, head.chunk_tokens
+
+  @jax.custom_vjp
+  def loss(hidden, embedding, targets, weights):
+    return forward(hidden, embedding, targets, weights)[0]
+
+  def forward(hidden, embedding, targets, weights):
+    inputs = HeadInputs(hidden, embedding, vocab, chunk)
+    tokens, xs, (ts, ws) = _in_chunks(inputs, targets, weights.astype(jnp.float32))
+    norm = jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1.0)
+    compute = embedding.astype(hidden.dtype)
+
+    def one_chunk(carry, chunk_inputs):
+      loss_sum, d_embedding = carry
+      x_chunk, t_chunk, w_chunk = chunk_inputs
+      nll, logits, real = _chunk_loss(x_chunk, compute, t_chunk, vocab, smoothing)
+      labels = jax.nn.one_hot(t_chunk, logits.shape[-1], dtype=jnp.float32) * (1.0 - smoothing)
+      if smoothing:
+        labels = labels + (smoothing / vocab if real is None else jnp.where(real, smoothing / vocab, 0.0))
+      dz = ((jax.nn.softmax(logits, axis=-1) - labels) * (w_chunk / norm)[:, None]).astype(hidden.dtype)
+      d_x = jnp.dot(dz, compute)
+      d_embedding = d_embedding + jnp.dot(dz.T, x_chunk, preferred_element_type=jnp.float32)
+      return (loss_sum + jnp.sum(nll * w_chunk), d_embedding), d_x
+
+    start = (jnp.zeros((), jnp.float32), jnp.zeros(embedding.shape, jnp.float32))
+    (loss_sum, d_embedding), d_xs = jax.lax.scan(one_chunk, start, (xs, ts, ws))
+    d_hidden = d_xs.reshape(-1, hidden.shape[-1])[:tokens].reshape(hidden.shape)
+    return loss_sum / norm, (d_hidden, d_embedding.astype(embedding.dtype))
+
+  def backward(residuals, g):
+    d_hidden, d_embedding = residuals
+    return (g * d_hidden).astype(d_hidden.dtype), g * d_embedding, None, None  # targets, weights: data
+
+  loss.defvjp(forward, backward)
+  return loss(head.hidden, head.embedding, targets, weights)

@@ -9,7 +9,7 @@ from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.data.lm import pipeline as data_lib
 from stablemoe_jax.data.lm.token_counts import split_token_counts
 from stablemoe_jax.models.transformer import TransformerLM
-from stablemoe_jax.train.losses import token_nll
+from stablemoe_jax.train.losses import mean_loss, token_nll
 
 
 class LanguageModelTask:
@@ -35,8 +35,7 @@ class LanguageModelTask:
     return (batch["inputs"],)
 
   def train_loss(self, logits, batch) -> jax.Array:
-    weights = batch["weights"]
-    return jnp.sum(token_nll(logits, batch["targets"]) * weights) / jnp.maximum(weights.sum(), 1.0)
+    return mean_loss(logits, batch["targets"], batch["weights"])
 
   def eval_sums(self, logits, batch):
     weights = batch["weights"]

@@ -18,7 +18,7 @@ from stablemoe_jax.data.translation import pipeline as data_lib
 from stablemoe_jax.data.translation import wmt
 from stablemoe_jax.decoding.bleu_report import bleu_report
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
-from stablemoe_jax.train.losses import label_smoothed_nll, token_nll
+from stablemoe_jax.train.losses import mean_loss, token_nll
 from stablemoe_jax.train.schedules import SCHEDULES
 
 
@@ -91,9 +91,7 @@ class TranslationTask:
     return batch["source"], batch["decoder_inputs"]
 
   def train_loss(self, logits, batch) -> jax.Array:
-    weights = batch["weights"]
-    per_token = label_smoothed_nll(logits, batch["targets"], self._label_smoothing)
-    return jnp.sum(per_token * weights) / jnp.maximum(weights.sum(), 1.0)
+    return mean_loss(logits, batch["targets"], batch["weights"], self._label_smoothing)
 
   def eval_sums(self, logits, batch):
     weights = batch["weights"]

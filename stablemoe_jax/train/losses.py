@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from stablemoe_jax.models.head import HeadInputs, chunked_nll
+from stablemoe_jax.models.head import HeadInputs, chunked_mean_loss, chunked_nll
 
 
 def token_nll(logits: jax.Array | HeadInputs, targets: jax.Array) -> jax.Array:
@@ -32,3 +32,15 @@ def label_smoothed_nll(logits: jax.Array | HeadInputs, targets: jax.Array, smoot
   logits = logits.astype(jnp.float32)
   labels = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1], dtype=jnp.float32), smoothing)
   return optax.softmax_cross_entropy(logits, labels)
+
+
+def mean_loss(logits: jax.Array | HeadInputs, targets: jax.Array, weights: jax.Array, smoothing: float = 0.0
+              ) -> jax.Array:
+  """float32 scalar: the weighted mean of :func:`label_smoothed_nll`, ``sum(loss * weights) / max(sum(weights), 1)``.
+
+  From HeadInputs: :func:`~stablemoe_jax.models.head.chunked_mean_loss` (its gradients computed chunk by chunk in
+  the forward pass, no recompute in the backward).
+  """
+  if isinstance(logits, HeadInputs):
+    return chunked_mean_loss(logits, targets, weights, smoothing)
+  return jnp.sum(label_smoothed_nll(logits, targets, smoothing) * weights) / jnp.maximum(weights.sum(), 1.0)

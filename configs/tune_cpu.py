@@ -28,5 +28,5 @@ def get_config() -> ml_collections.ConfigDict:
   # whole cross product (low rates with a long warmup only lose).
   config.compare.grid.extra = "6e-3/400,8e-3/400,4e-3/600,6e-3/600,8e-3/600"
   config.compare.grid.steps = 0  # select at the full 850 steps: the grid's run is seed 0 of its setting
-  config.compare.results_dir = "results/tune_cpu"
+  config.compare.results_dir = "results/tune_h100"  # every finished run of the sweep (H100 and CPU alike)
   return config

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, share_prepared_ptb
 
 from stablemoe_jax.compare import methods as methods_lib
-from stablemoe_jax.compare import report, runner
+from stablemoe_jax.compare import figures, report, runner
 from stablemoe_jax.config_validation import ConfigError
 from stablemoe_jax.train import loop
 
@@ -52,10 +52,10 @@ def test_no_convergence_plot_when_the_runs_trained_on_different_devices(tmp_path
   rows = [{"label": "dense", "devices": ["1 x cpu"], "curve": [[10.0, 300.0], [20.0, 200.0]]},
           {"label": "Switch", "devices": ["1 x NVIDIA H100 80GB HBM3", "1 x cpu"], "curve": [[5.0, 250.0]]}]
   (tmp_path / "convergence.png").write_bytes(b"stale")
-  assert "more than one kind of device" in report.write_convergence_plot(rows, tmp_path / "convergence.png")
+  assert "more than one kind of device" in figures.write_convergence_plot(rows, tmp_path / "convergence.png")
   assert not (tmp_path / "convergence.png").exists()
   rows[1]["devices"] = ["1 x cpu"]
-  assert "(convergence.png)" in report.write_convergence_plot(rows, tmp_path / "convergence.png")
+  assert "(convergence.png)" in figures.write_convergence_plot(rows, tmp_path / "convergence.png")
   assert (tmp_path / "convergence.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -68,10 +68,10 @@ def test_fluctuation_curve_is_the_mean_of_the_runs_that_kept_one():
   curve = report._mean_fluctuation_curve([shares_only, run(0.2, 0.6), run(0.4, 1.0)])
   assert curve["percent"] == [0, 50, 100] and curve["runs"] == 2
   assert curve["share"] == pytest.approx([0.3, 0.8, 1.0])
-  assert report._curve_label({"label": "Switch", "seeds": [0, 1, 2], "fluctuation_curve": curve}) == (
+  assert figures._curve_label({"label": "Switch", "seeds": [0, 1, 2], "fluctuation_curve": curve}) == (
       "Switch (2 of 3 seeds)")
   whole = report._mean_fluctuation_curve([run(0.2, 0.6)])
-  assert report._curve_label({"label": "Switch", "seeds": [0], "fluctuation_curve": whole}) == "Switch"
+  assert figures._curve_label({"label": "Switch", "seeds": [0], "fluctuation_curve": whole}) == "Switch"
   assert report._mean_fluctuation_curve([shares_only, None]) is None
   other_records = {**run(0.1, 0.1), "curve": {"percent": [0, 100], "share": [0.1, 1.0]}}
   assert report._mean_fluctuation_curve([run(0.2, 0.6), other_records]) is None

@@ -42,7 +42,7 @@ def without_layer(params: dict, layer: str) -> dict:
   return {**params, layer: {**params[layer], "experts": experts}}
 
 
-def layer_contributions(evaluate, params: dict, max_batches: int = 0) -> dict:
+def layer_contributions(evaluate, params: dict, max_batches: int = 0, full: dict | None = None) -> dict:
   """The loss on the evaluated split with and without each MoE layer.
 
   Args:
@@ -50,6 +50,8 @@ def layer_contributions(evaluate, params: dict, max_batches: int = 0) -> dict:
       with its split bound); both losses of a layer are on the same batches.
     params: the model's parameters.
     max_batches: > 0: the first ``max_batches`` batches of the split; <= 0: all of it.
+    full: ``evaluate(params, max_batches)``'s result when the caller has it already (training's evaluation
+      points), so that only the ablated models are evaluated here.
 
   Returns:
     ``{"batches", "tokens", "loss", "perplexity", "layers": {layer: {"loss_without_layer",
@@ -60,7 +62,7 @@ def layer_contributions(evaluate, params: dict, max_batches: int = 0) -> dict:
   batches = max_batches if max_batches > 0 else "all"
   if not moe_layer_names(params):
     return {"batches": batches, "layers": {}}
-  full = evaluate(params, max_batches)
+  full = full if full is not None else evaluate(params, max_batches)
   layers = {}
   for layer in moe_layer_names(params):
     ablated = evaluate(without_layer(params, layer), max_batches)

@@ -4,8 +4,8 @@ Trains every method of ``compare.methods`` for ``compare.seeds`` seeds under the
 ``DIR/<method>/seed<k>`` (rerun the command to resume: finished runs are kept, a killed one resumes
 from its checkpoint), then writes DIR/comparison.md, DIR/comparison.json and DIR/convergence.png.
 With ``compare.grid`` set (configs/tune_cpu.py), each method is first tuned over a learning-rate x warmup
-grid and its seeds run at its choice (compare/sweep.py); ``--config.compare.report_only=True`` then trains
-nothing and reports the finished runs.
+grid and its seeds run at its choice (compare/sweep.py). ``--config.compare.report_only=True`` trains nothing,
+with or without a grid, and reports the finished runs.
 """
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ def main(argv: list[str]) -> None:
   if "compare" not in config:
     raise ConfigError(f"the config has no compare section (compare.methods, compare.seeds); "
                       f"use --config configs/compare_cpu.py or add one.")
+  train = not config.compare.get("report_only", False)
   if sweep.parse_grid(config) is not None:  # each method at its best: a grid, the choice, seeds at the choice
-    result = sweep.run_sweep(config, _WORKDIR.value, train=not config.compare.get("report_only", False))
+    result = sweep.run_sweep(config, _WORKDIR.value, train=train)
     rows = report.write_sweep_reports(config, result, _WORKDIR.value)
     labels = {name: name for name in result["grid"]}
     print(report.grid_table(result, labels))
@@ -40,7 +41,10 @@ def main(argv: list[str]) -> None:
       print(report.markdown_table(rows, report.SWEEP_COLUMNS))
     print(f"wrote {_WORKDIR.value}/comparison.md and comparison.json", flush=True)
     return
-  records = runner.run_all(config, _WORKDIR.value)
+  records = runner.run_all(config, _WORKDIR.value, train=train)
+  if not records:
+    print(f"no finished run in {_WORKDIR.value} (compare.report_only trains nothing); nothing to report.", flush=True)
+    return
   rows = report.write_reports(config, records, _WORKDIR.value)
   print(report.markdown_table(rows))
   print(f"wrote {_WORKDIR.value}/comparison.md, comparison.json and convergence.png", flush=True)

@@ -2,14 +2,15 @@
 from the runs' records."""
 from __future__ import annotations
 
-import collections
 import json
 import pathlib
 from typing import Callable
 
 import numpy as np
 
-from stablemoe_jax.analysis import plot
+from stablemoe_jax.compare import paired
+from stablemoe_jax.compare.figures import (device_counts, write_convergence_plot, write_fluctuation_plot,
+                                          write_token_plot)
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -128,6 +129,8 @@ def method_rows(records: list[dict]) -> list[dict]:
         "eval": summaries[0].get("eval"),
         "devices": [_device_label(s) for s in summaries],
         "curve": _mean_curve([r["curve"] for r in runs]),
+        "token_curve": (_mean_curve([r["token_curve"] for r in runs])
+                        if all(r.get("token_curve") for r in runs) else None),
     })
   return result
 
@@ -137,14 +140,9 @@ def _device_label(summary: dict) -> str:
   return f"{device['count']} x {device['kind']}" if device else "unrecorded"
 
 
-def _device_counts(rows: list[dict]) -> collections.Counter:
-  """How many runs trained on each kind of device ("1 x cpu", ...)."""
-  return collections.Counter(label for row in rows for label in row.get("devices", []))
-
-
 def _devices_note(rows: list[dict]) -> str:
   """Where the runs trained: tokens/s and wall time compare like with like only on one kind of device."""
-  counts = _device_counts(rows)
+  counts = device_counts(rows)
   where = ", ".join(f"{label} ({n} run{'s' if n > 1 else ''})" for label, n in sorted(counts.items()))
   mixed = " The speed columns mix devices: compare them only within one." if len(counts) > 1 else ""
   return f"Trained on: {where}.{mixed}\n"
@@ -254,15 +252,16 @@ def _budget_note(config, rows: list[dict]) -> str:
 
 
 def _health_note(rows: list[dict]) -> str:
-  note = ("Router health (README \"Router health\"): mean gate, share of gates < 0.01, load balance (load entropy / "
+  note = ("Router health (docs/router_health.md): mean gate, share of gates < 0.01, load balance (load entropy / "
           "ln N), largest expert's load and dropped tokens are the last logged training window's, of the run's worst "
           "MoE layer, mean over seeds; valid PPL increase without the layer: validation perplexity with that layer's "
           "expert outputs set to zero against the real one (the least contributing layer; health.contribution_batches "
           "validation batches). -- : the method has no MoE layer.\n")
   dead = [row["label"] for row in rows if _is_dead(row)]
   if dead:
-    note += (f"\n**DEAD LAYER** ({', '.join(dead)}): the collapse guard flagged a MoE layer of this method as "
-             f"collapsed (gate or load below the health thresholds after the warmup). Its perplexity is that of a "
+    note += (f"\n**DEAD LAYER** ({', '.join(dead)}): by the health verdict, a MoE layer of this method does no "
+             f"measurable work at the end of training (removing it costs < health.min_contribution of validation "
+             f"perplexity, or two experts take > health.max_top2_load of the tokens). Its perplexity is that of a "
              f"dense model carrying a dead layer, not the method's result; do not compare it as one.\n")
   unrecorded = [row["label"] for row in rows if row.get("health") is None]
   if unrecorded:
@@ -271,49 +270,14 @@ def _health_note(rows: list[dict]) -> str:
   return note
 
 
-def write_plot(rows: list[dict], path: pathlib.Path) -> None:
-  """Validation perplexity against training wall time, one curve per method (the paper's Figure 5)."""
-  plt = plot.pyplot()
-  figure, axes = plt.subplots(figsize=(7, 4.5))
-  for row in rows:
-    curve = np.asarray(row["curve"])
-    axes.plot(curve[:, 0] / 60, curve[:, 1], marker="o", markersize=3, label=row["label"])
-  axes.set_xlabel("training wall time (min)")
-  axes.set_ylabel("validation perplexity")
-  axes.set_yscale("log")
-  axes.grid(True, which="both", alpha=0.3)
-  axes.legend(fontsize=8)
-  figure.tight_layout()
-  figure.savefig(path, dpi=120)
-  plt.close(figure)
-
-
-def _curve_label(row: dict) -> str:
-  """The method's label, with "(k of n seeds)" when only some of its runs kept a fluctuation curve."""
-  runs, seeds = row["fluctuation_curve"]["runs"], len(row["seeds"])
-  return row["label"] if runs == seeds else f"{row['label']} ({runs} of {seeds} seeds)"
-
-
-def write_convergence_plot(rows: list[dict], path: pathlib.Path) -> str:
-  """Draws ``write_plot`` and returns the markdown line that shows it; when the runs trained on more than one kind
-  of device their wall times do not compare, so it draws nothing, removes a stale plot and says why."""
-  if len(_device_counts(rows)) > 1:
-    path.unlink(missing_ok=True)
-    return ("\nNo convergence plot: the runs trained on more than one kind of device, so their wall times do not "
-            "compare.\n")
-  write_plot(rows, path)
-  return f"\n![validation perplexity against training wall time]({path.name})\n"
-
-
-def write_fluctuation_plot(rows: list[dict], path: pathlib.Path) -> str:
-  """The methods' mean fluctuation curves on one chart (the paper's Figure 2), training routing; returns the
-  markdown line that shows it, or "" when no method has curves (no routing records, or exported without them)."""
-  curves = [(_curve_label(row), np.asarray(row["fluctuation_curve"]["percent"]),
-             np.asarray(row["fluctuation_curve"]["share"])) for row in rows if row.get("fluctuation_curve")]
-  if not curves:
+def paired_section(records: list[dict], labels: dict[str, str]) -> str:
+  """The paired differences against dense (same seeds), or "" without dense runs."""
+  table = paired.markdown(paired.paired_differences(records), labels)
+  if not table:
     return ""
-  plot.plot_curves(curves, path, title="routing fluctuation (training routing, mean over seeds)")
-  return f"\n![tokens whose expert last changed by each point of training]({path.name})\n"
+  return ("## Paired against dense\n\nEach method's run minus dense's run of the same seed (same data order), mean "
+          "over the paired seeds and its 95% Student-t interval; \"lower\" / \"higher\" only where the interval "
+          "excludes 0.\n\n" + table)
 
 
 def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[dict]:
@@ -325,7 +289,8 @@ def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[di
       {"config": json.loads(config.to_json_best_effort()), "methods": rows, "runs": records}, indent=2))
   (workdir / "comparison.md").write_text(
       "# Comparison\n\n" + _budget_note(config, rows) + _devices_note(rows) + "\n" + markdown_table(rows) + "\n"
-      + _health_note(rows) + write_convergence_plot(rows, workdir / "convergence.png")
+      + _health_note(rows) + paired_section(records, {r["method"]: r["label"] for r in rows})
+      + write_convergence_plot(rows, workdir / "convergence.png")
       + write_fluctuation_plot(rows, workdir / "fluctuation.png"))
   return rows
 
@@ -337,10 +302,11 @@ def _grid_cell(cell: dict, rejected: dict[str, list]) -> str:
   if cell["valid_ppl"] is None:
     return "--"
   name = cell["setting"]["name"]
-  mark = "" if cell["alive"] else " (DEAD)"
+  worth = "" if cell.get("contribution") is None else f" {cell['contribution']:+.1%}"
+  mark = "" if cell["alive"] else " DEAD"
   if name in rejected:
     mark = f" (DEAD in seed {', '.join(str(k) for k in rejected[name])})"
-  return f"{cell['valid_ppl']:.2f}{mark}"
+  return f"{cell['valid_ppl']:.2f}{worth}{mark}"
 
 
 def _rejected(choice: dict | None) -> dict[str, list]:
@@ -355,8 +321,9 @@ def _choice_cell(choice: dict | None) -> str:
 
 
 def grid_table(result: dict, labels: dict[str, str]) -> str:
-  """Every method's grid: valid PPL per (lr, warmup) setting, (DEAD) where the guard flagged a layer (in the
-  grid's run, or in a seed of a choice, which was then rejected), its choice."""
+  """Every method's grid: valid PPL and what the layer is worth (valid PPL increase without it) per (lr, warmup)
+  setting, DEAD where the verdict finds a layer dead (in the grid's run, or in a seed of a choice, which was then
+  rejected), its choice."""
   settings = result["settings"]
   lines = ["| method | " + " | ".join(f"lr {s['learning_rate']:g}, warmup {s['warmup_steps']}" for s in settings)
            + " | choice |", "|" + "---|" * (len(settings) + 2)]
@@ -405,14 +372,17 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
   text = ["# Tuned comparison\n",
           f"Each method's learning rate and warmup chosen on validation perplexity from the grid below (one run "
           f"each, seed {config.seed}, {selection} steps{'' if selection == train.steps else ' (a shorter selection budget)'}"
-          f"); a setting whose MoE layer the collapse guard flagged dead (DEAD) is not eligible. Then "
-          f"{config.compare.seeds} seed(s) at the choice; a choice whose layer dies in a seed is rejected and the "
-          f"next live setting chosen.\n", "## The grid (valid PPL)\n", grid_table(result, labels),
-          rejected_note(result, labels)]
+          f"); a setting whose MoE layer the health verdict finds dead (DEAD: removing it costs < 1% of valid "
+          f"PPL, or two experts take > 90% of the tokens) is not eligible. Then {config.compare.seeds} new seed(s) at "
+          f"the choice (seeds {config.seed + 1}-{config.seed + config.compare.seeds}): the reported runs; the "
+          f"selecting seed is never reported. A choice whose layer dies in a reported seed is rejected and the next "
+          f"live setting chosen.\n", "## The grid (seed-0 valid PPL, and the valid PPL increase without the MoE "
+          "layer)\n", grid_table(result, labels), rejected_note(result, labels)]
   if rows:
     text += ["## At each method's choice\n", _budget_note(config, rows), _devices_note(rows),
-             markdown_table(rows, SWEEP_COLUMNS),
-             _health_note(rows), write_convergence_plot(rows, workdir / "convergence.png"),
+             markdown_table(rows, SWEEP_COLUMNS), _health_note(rows), paired_section(result["records"], labels),
+             write_token_plot(rows, workdir / "validation_tokens.png"),
+             write_convergence_plot(rows, workdir / "convergence.png"),
              write_fluctuation_plot(rows, workdir / "fluctuation.png")]
   (workdir / "comparison.md").write_text("\n".join(text))
   return rows

@@ -14,7 +14,7 @@ import ml_collections
 from stablemoe_jax import flops as flops_lib
 from stablemoe_jax.analysis import fluctuation, records as records_lib
 from stablemoe_jax.compare.methods import METHODS, method_configs
-from stablemoe_jax.train import loop
+from stablemoe_jax.train import health, loop
 from stablemoe_jax.train.metrics import read_metrics
 
 
@@ -41,6 +41,14 @@ def model_costs(config: ml_collections.ConfigDict, directory: pathlib.Path) -> d
   counts = flops_lib.param_counts(params)
   return {"shared_params": counts["shared"], "expert_params": counts["expert"], "total_params": counts["total"],
           "flops_per_token": flops_lib.forward_flops_per_token(params, exp.config.train.seq_len)}
+
+
+def token_curve(directory: pathlib.Path, summary: dict, tokens_per_step: int) -> list[list[float]]:
+  """[[training tokens, valid perplexity], ...] at every in-training validation, then the final one."""
+  curve = [[r["step"] * tokens_per_step, r["valid/perplexity"]] for r in read_metrics(directory)
+           if "valid/perplexity" in r]
+  curve.append([summary["steps"] * tokens_per_step, summary["valid"]["perplexity"]])
+  return curve
 
 
 def validation_curve(directory: pathlib.Path, summary: dict) -> list[list[float]]:
@@ -110,6 +118,20 @@ def training_lock(directory: pathlib.Path):
       fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def judged(summary: dict, source: pathlib.Path) -> dict:
+  """``summary`` with its health verdict (``ok``, ``dead_layers``, ``verdict``) made again by today's rule
+  (``health.judge_summary``, the last window's load read from ``source``'s metrics.jsonl): runs finished before
+  the rule changed are judged as a new run would be."""
+  if not summary.get("health"):
+    return summary
+  verdict = health.judge_summary(summary, read_metrics(source))
+  return {**summary, "health": {**summary["health"], **verdict}}
+
+
+def _load_summary(source: pathlib.Path) -> dict:
+  return judged(json.loads((source / "summary.json").read_text()), source)
+
+
 def train_run(run_config: ml_collections.ConfigDict, workdir: pathlib.Path, relative: str, log, tag: str,
               exported_root: pathlib.Path | None = None, train: bool = True):
   """Trains the run ``workdir/relative`` unless it finished (there or under ``exported_root/relative``).
@@ -126,7 +148,7 @@ def train_run(run_config: ml_collections.ConfigDict, workdir: pathlib.Path, rela
     status = "finished earlier" if source == directory else f"finished earlier ({source})"
     if exported is not None and source == directory and not (exported / "summary.json").exists():
       export_run(directory, exported)
-    return json.loads((source / "summary.json").read_text()), source, status
+    return _load_summary(source), source, status
   if not train:
     return None
   with training_lock(directory) as mine:
@@ -134,13 +156,13 @@ def train_run(run_config: ml_collections.ConfigDict, workdir: pathlib.Path, rela
       log(f"{tag}: another process is training it in {directory}; skipped", flush=True)
       return None
     if (directory / "summary.json").exists():  # finished by that process between the check and the lock
-      return json.loads((directory / "summary.json").read_text()), directory, "finished earlier"
+      return _load_summary(directory), directory, "finished earlier"
     log(f"{tag}: training in {directory}", flush=True)
     started = time.time()
     summary = loop.train_and_evaluate(run_config, directory)
   if exported is not None:
     export_run(directory, exported)
-  return summary, directory, f"trained in {time.time() - started:.0f} s"
+  return judged(summary, directory), directory, f"trained in {time.time() - started:.0f} s"
 
 
 def run_record(name: str, run_config: ml_collections.ConfigDict, seed_index: int, source: pathlib.Path,
@@ -150,7 +172,9 @@ def run_record(name: str, run_config: ml_collections.ConfigDict, seed_index: int
   shares = json.loads(saved.read_text()) if saved.exists() else routing_fluctuation(source)
   return {"method": name, "label": METHODS[name].label, "seed_index": seed_index, "seed": run_config.seed,
           "overrides": METHODS[name].overrides, "workdir": str(source), "summary": summary,
-          "curve": validation_curve(source, summary), "fluctuation": shares, **costs}
+          "curve": validation_curve(source, summary), "fluctuation": shares,
+          "token_curve": token_curve(source, summary, run_config.train.batch_size * run_config.train.seq_len),
+          **costs}
 
 
 def log_result(log, tag: str, status: str, summary: dict) -> None:
@@ -160,8 +184,10 @@ def log_result(log, tag: str, status: str, summary: dict) -> None:
       flush=True)
 
 
-def run_all(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=print) -> list[dict]:
-  """Trains (or finds finished) every method x seed; returns one record per run, in order.
+def run_all(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=print,
+            train: bool = True) -> list[dict]:
+  """Trains (or finds finished) every method x seed; returns one record per run, in order (with ``train`` false,
+  only the finished runs: ``compare.report_only``).
 
   Every method's config is built and validated before the first run starts. A run whose
   ``summary.json`` exists (in ``DIR/<method>/seed<k>`` or under ``compare.results_dir``) is not redone;
@@ -180,8 +206,8 @@ def run_all(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=
       run_config = ml_collections.ConfigDict(method_config.to_dict())
       run_config.seed = config.seed + k
       relative = f"{name}/seed{k}"
-      found = train_run(run_config, workdir, relative, log, tag, exported_root)
-      if found is None:  # another process is training it: its record is missing from this report
+      found = train_run(run_config, workdir, relative, log, tag, exported_root, train)
+      if found is None:  # not finished (report only) or another process is training it: not in this report
         continue
       summary, source, status = found
       if costs is None:

@@ -8,12 +8,15 @@ method of ``compare.methods``:
 1. the grid: one run (seed ``config.seed``) per setting, under the selection budget ``compare.grid.steps``
    (0: ``train.steps``; a shorter budget scales ``train.stage1_steps`` with it), in
    ``DIR/<method>/<setting>/seed0`` (full budget) or ``DIR/<method>/<setting>/steps<N>_seed0``;
-2. the choice: the setting with the lowest validation perplexity among the runs whose MoE layers the collapse
-   guard left alive (a dense model always is); if every setting died, the lowest of all, marked;
-3. ``compare.seeds`` seeds at the choice under the full budget, in ``DIR/<method>/<setting>/seed<k>`` (with the
-   full budget the grid run is seed 0 and is not trained twice). A choice whose layer dies in one of its seeds is
-   rejected (a setting that kills the layer one time in three is not one a user can train at): the choice moves
-   to the next live setting and its seeds are run; the rejected choice and its seeds stay in the report.
+2. the choice: the setting with the lowest *validation* perplexity among the runs whose MoE layers are alive by
+   the health verdict (``train/health.py``: a layer is dead when removing it costs < 1% of validation perplexity
+   or its routing is degenerate; a dense model is always alive); if every setting died, the lowest of all, marked;
+3. ``compare.seeds`` new seeds at the choice under the full budget, ``config.seed + 1`` ... ``config.seed +
+   compare.seeds``, in ``DIR/<method>/<setting>/seed<k>``: the reported runs. The grid's run (seed 0) chose the
+   setting and is never reported, so no number in the table is the one that was selected on. A choice whose layer
+   dies in one of its seeds is rejected (a setting that kills the layer one time in three is not one a user can
+   train at): the choice moves to the next live setting and its seeds are run; the rejected choice and its seeds
+   stay in the report.
 
 Only ``train.learning_rate`` and ``train.warmup_steps`` vary between settings; every method trains under the
 same budget otherwise. Runs are resumable exactly as the comparison's: a run with a summary.json (in DIR or under
@@ -136,9 +139,18 @@ def grid_relative(method: str, setting: Setting, grid: Grid, full_steps: int) ->
 
 
 def is_alive(summary: dict) -> bool:
-  """False when the collapse guard flagged a MoE layer of the run dead (a dense model is always alive)."""
+  """False when the health verdict finds a MoE layer of the run dead (a dense model is always alive). The runner
+  re-judges every summary it loads (``runner.judged``), so runs finished before the verdict's rule are judged by
+  it too."""
   health = summary.get("health") or {}
   return not health.get("dead_layers")
+
+
+def least_contribution(summary: dict) -> float | None:
+  """The smallest relative valid-PPL increase when one MoE layer is removed (None: a dense model)."""
+  layers = ((summary.get("health") or {}).get("contribution") or {}).get("layers") or {}
+  values = [c["relative_perplexity_increase"] for c in layers.values()]
+  return min(values) if values else None
 
 
 def choose(cells: list[dict], rejected: tuple[str, ...] = ()) -> dict | None:
@@ -160,8 +172,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
   Returns {"grid": {method: [cell, ...]}, "choices": {method: setting dict or None}, "records": [seeded run
   records, as runner.run_all's, each with its "setting"]}. A choice's "rejected" lists the earlier choices a seed
   died at: [{"learning_rate", "warmup_steps", "name", "dead_seeds", "valid_ppl": {seed: ppl}}]. A cell:
-  {"setting", "valid_ppl", "test_ppl", "alive", "dead_layers", "workdir", "status"} (valid_ppl None while
-  unfinished).
+  {"setting", "valid_ppl", "test_ppl", "alive", "dead_layers", "contribution", "workdir", "status"} (valid_ppl
+  None while unfinished). The choice reads ``valid_ppl`` only.
   """
   workdir = pathlib.Path(workdir)
   grid = parse_grid(config)
@@ -179,13 +191,12 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
     except ConfigError as error:
       raise ConfigError(f"method {name!r}: {error}") from error
   exported_root = runner.results_dir(config)
-  extra_seeds = seeds - (1 if grid.steps == full else 0)
-  total = len(configs) * (len(grid.settings) + extra_seeds)
+  total = len(configs) * (len(grid.settings) + seeds)
   progress = {"done": 0, "total": total}  # run counter of the log's "[k/n]" tags (a rejected choice adds seeds)
   result = {"grid": {}, "choices": {}, "records": [], "selection_steps": grid.steps,
             "settings": [s.as_dict() for s in grid.settings]}
   for name, method_config in configs.items():
-    cells, grid_runs = [], {}
+    cells = []
     for setting in grid.settings:
       relative = grid_relative(name, setting, grid, full)
       tag = f"{_count(progress)} {name} grid {setting.name}"
@@ -195,10 +206,9 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
       if found is not None:
         summary, source, status = found
         runner.log_result(log, tag, status, summary)
-        grid_runs[setting] = (summary, source)
         cell.update(valid_ppl=summary["valid"]["perplexity"], test_ppl=summary["test"]["perplexity"],
                     alive=is_alive(summary), dead_layers=(summary.get("health") or {}).get("dead_layers", []),
-                    workdir=str(source), status=status)
+                    contribution=least_contribution(summary), workdir=str(source), status=status)
       cells.append(cell)
     result["grid"][name] = cells
     rejected: list[dict] = []
@@ -212,12 +222,12 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
       log(f"{name}: chose {chosen.name} (valid ppl "
           f"{next(c['valid_ppl'] for c in cells if c['setting']['name'] == chosen.name):.2f}"
           f"{', every setting dead' if choice['every_setting_dead'] else ''})", flush=True)
-      records = _seeded_runs(name, method_config, chosen, grid, grid_runs, config, workdir, log, progress,
+      records = _seeded_runs(name, method_config, chosen, config, workdir, log, progress,
                              exported_root, train, stop_at_dead=not choice["every_setting_dead"])
       dead_seeds = [r["seed"] for r in records if not is_alive(r["summary"])]
       if dead_seeds and not choice["every_setting_dead"]:
         log(f"{name}: {chosen.name} rejected: the layer died in seed(s) {dead_seeds}; choosing again.", flush=True)
-        progress["total"] += extra_seeds - (seeds - len(records))  # the new choice's seeds, less those not needed
+        progress["total"] += len(records)  # the new choice's seeds; the rejected one's stopped at its dead seed
         rejected.append({**chosen.as_dict(), "dead_seeds": dead_seeds,
                          "valid_ppl": {r["seed"]: r["summary"]["valid"]["perplexity"] for r in records}})
         continue
@@ -231,25 +241,23 @@ def _count(progress: dict) -> str:
   return f"[{progress['done']}/{progress['total']}]"
 
 
-def _seeded_runs(name: str, method_config, chosen: Setting, grid: Grid, grid_runs: dict, config, workdir, log,
+def _seeded_runs(name: str, method_config, chosen: Setting, config, workdir, log,
                  progress: dict, exported_root, train: bool, stop_at_dead: bool) -> list[dict]:
-  """The finished seeded runs at ``chosen`` (trained here unless finished, ``train`` false or locked), in seed
-  order, each a record for the report with its "setting"; with ``stop_at_dead``, stops at the first run whose
-  layer the guard flagged dead (the choice will be rejected, its other seeds are not needed)."""
+  """The finished reported runs at ``chosen`` (seeds ``config.seed + 1`` ... ``+ compare.seeds``; trained here
+  unless finished, ``train`` false or locked), in seed order, each a record for the report with its "setting";
+  with ``stop_at_dead``, stops at the first run whose layer the verdict finds dead (the choice will be rejected,
+  its other seeds are not needed)."""
   full = config.train.steps
   costs, records = None, []
-  for k in range(config.compare.seeds):
+  for k in range(1, config.compare.seeds + 1):
     run_config = setting_config(method_config, chosen, full, config.seed + k)
     relative = f"{name}/{chosen.name}/seed{k}"
-    if k == 0 and grid.steps == full:
-      summary, source = grid_runs[chosen]
-    else:
-      tag = f"{_count(progress)} {name} {chosen.name} seed {k}"
-      found = runner.train_run(run_config, workdir, relative, log, tag, exported_root, train)
-      if found is None:
-        continue
-      summary, source, status = found
-      runner.log_result(log, tag, status, summary)
+    tag = f"{_count(progress)} {name} {chosen.name} seed {k}"
+    found = runner.train_run(run_config, workdir, relative, log, tag, exported_root, train)
+    if found is None:
+      continue
+    summary, source, status = found
+    runner.log_result(log, tag, status, summary)
     if costs is None:
       costs = runner.model_costs(run_config, workdir / relative)
     record = runner.run_record(name, run_config, k, source, summary, costs)

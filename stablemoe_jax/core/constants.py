@@ -18,9 +18,10 @@ def task_name(config) -> str:
 # The defaults of the ``health`` config section (configs/default.py must equal them; config_validation checks keys).
 # Read by the training guard (``train/health.py``) and the contribution analysis (``analysis/contribution.py``).
 HEALTH_DEFAULTS = {
-    "min_mean_gate": 0.05,
-    "max_low_gate_fraction": 0.5,
-    "min_load_balance": 0.5,
+    "min_contribution": 0.01,  # dead: removing the layer costs less than this share of validation perplexity
+    "max_top2_load": 0.9,  # dead: the two busiest experts (of N > 2) take more than this share of the tokens
+    "min_gate_position": 0.05,  # warning: the mean gate this close to the floor of the range its router can reach
+    "min_load_balance": 0.5,  # warning: load entropy / ln N below this
     "patience": 2,
     "after_step": -1,  # -1: train.warmup_steps
     "on_collapse": "warn",

@@ -1,16 +1,28 @@
-"""The collapse guard: reads each MoE layer's health metrics per log window and flags a layer that stays dead.
+"""Router health: one verdict for every router, judged by what each MoE layer does.
 
-The MoE layer sows, every step, ``mean_gate``, ``low_gate_fraction``, ``load_balance``, ``max_load``,
-``dropped_fraction`` and ``load_entropy`` (``models.routing.routing_health``); the train step reports
-them as ``moe/<layer>/<name>`` and the loop averages them over each log window. After
-``health.after_step``, a layer whose window values cross a threshold (gate: ``min_mean_gate``,
-``max_low_gate_fraction``; load: ``min_load_balance``) in ``health.patience`` consecutive windows is
-flagged dead, once. The loop then prints :meth:`Collapse.message` (``on_collapse="warn"``) or raises
-:class:`CollapseError` (``"stop"``).
+A MoE layer is **dead** when it does no measurable work (docs/router_health.md):
 
-Resumption: the guard's state is a function of the logged windows, so a resumed run rebuilds it by
-:meth:`CollapseGuard.replay` of the ``metrics.jsonl`` records up to the checkpoint (the writer has
-already dropped the records the interrupted run wrote after it); no window is lost or counted twice.
+* **contribution**: removing it (every expert's output set to 0, ``analysis.contribution``) raises validation
+  perplexity by less than ``health.min_contribution`` (1%: 1.5 PPL at 155, above every tuned method's seed spread of
+  0.3-0.9 PPL); or
+* **degenerate routing**: the two busiest of its N > 2 experts take more than ``health.max_top2_load`` of the tokens.
+
+Both are measured the same way for every router. In training, the contribution is measured at every evaluation
+point (``train.eval_every``, on the ``train.eval_batches`` batches the validation uses) and the load in every log
+window (``patience`` consecutive windows); a layer found dead after ``health.after_step`` is flagged once, and the
+loop prints the message (``on_collapse="warn"``) or raises :class:`CollapseError` (``"stop"``). The run's verdict,
+``summary.json["health"]``, is the same rule applied at the end of training, on the final contribution
+(``health.contribution_batches`` batches) and the last log window; :func:`judge_summary` applies it to any summary,
+runs written before this rule included, so every committed run is judged alike.
+
+Early warnings, which never make a layer dead: a mean gate pinned near the floor of the range its router can reach
+(``health.min_gate_position`` of the way from the floor to the ceiling: [0, 1] for a dot-product sigmoid gate,
+[sigmoid(-1/tau), sigmoid(1/tau)] for a cosine one with temperature tau, [1/N, 1] for Switch's top softmax
+probability; Hash's gate is fixed), and a low load balance (``health.min_load_balance``). A sparse gate is not a
+dead layer: BASE Layer and the dot-product StableMoE keep most gates near 0 and still carry 3-7% of the perplexity.
+
+Resumption: the guard's state is a function of the logged records (windows and evaluation points), so a resumed run
+rebuilds it by :meth:`CollapseGuard.replay` of ``metrics.jsonl`` up to the checkpoint.
 """
 from __future__ import annotations
 
@@ -22,63 +34,135 @@ from stablemoe_jax.core.errors import require
 
 HEALTH_METRICS = ("mean_gate", "low_gate_fraction", "load_balance", "max_load", "dropped_fraction", "load_entropy")
 ON_COLLAPSE = ("warn", "stop")
-# Routers whose gate is a sigmoid that can fall to 0. Switch's gate is the top softmax probability, >= 1/N by
-# construction (below 0.05 for N > 20 without anything being wrong); Hash's is 1. Their collapse shows in the load.
-GATE_CAN_VANISH = ("stablemoe", "base")
+GATE_KINDS = ("sigmoid", "softmax", "fixed")  # what a router's gate is: its attainable range follows from it
 DOCS_PAGE = 'docs/router_health.md'
 
 
 class CollapseError(RuntimeError):
-  """A MoE layer collapsed and ``health.on_collapse="stop"``; the message names the layer, numbers and cures."""
+  """A MoE layer is dead and ``health.on_collapse="stop"``; the message names the layer, numbers and cures."""
 
 
 @dataclasses.dataclass(frozen=True)
 class GuardSettings:
   """The ``health`` config section, resolved (``after_step`` -1 -> the warmup) for one run."""
 
-  min_mean_gate: float
-  max_low_gate_fraction: float
+  min_contribution: float
+  max_top2_load: float
+  min_gate_position: float
   min_load_balance: float
   patience: int
   after_step: int
   on_collapse: str
-  check_gate: bool  # False for routers whose gate cannot vanish (GATE_CAN_VANISH)
   router: str
+  gate: str  # GATE_KINDS
+  affinity: str  # "dot" | "cosine": a cosine gate's range depends on the logged temperature
+  num_experts: int
 
   @classmethod
   def from_config(cls, config) -> "GuardSettings":
     section = {**DEFAULTS, **(config.get("health") or {})}
     after = section["after_step"]
-    router = config.model.moe.router
-    return cls(min_mean_gate=float(section["min_mean_gate"]),
-               max_low_gate_fraction=float(section["max_low_gate_fraction"]),
+    moe = config.model.moe
+    router = moe.router
+    router_section = moe.get(router) or {}
+    return cls(min_contribution=float(section["min_contribution"]),
+               max_top2_load=float(section["max_top2_load"]),
+               min_gate_position=float(section["min_gate_position"]),
                min_load_balance=float(section["min_load_balance"]), patience=int(section["patience"]),
                after_step=int(config.train.warmup_steps if after < 0 else after),
-               on_collapse=str(section["on_collapse"]), check_gate=router in GATE_CAN_VANISH, router=router)
+               on_collapse=str(section["on_collapse"]), router=router, gate=gate_kind(router),
+               affinity=str(router_section.get("affinity", "dot")), num_experts=int(moe.num_experts))
+
+
+def gate_kind(router: str) -> str:
+  """Switch's gate is its top softmax probability; Hash's is 1; every other router's is a sigmoid of its score."""
+  return {"switch": "softmax", "hash": "fixed"}.get(router, "sigmoid")
+
+
+def gate_range(settings: GuardSettings, values: dict[str, float]) -> tuple[float, float] | None:
+  """(floor, ceiling) the layer's gate can reach, or None (a fixed gate; a cosine gate without a logged temperature).
+
+  A sigmoid of a dot product reaches (0, 1); of a cosine divided by tau, [sigmoid(-1/tau), sigmoid(1/tau)];
+  a top-1 softmax probability over N experts, [1/N, 1].
+  """
+  if settings.gate == "fixed":
+    return None
+  if settings.gate == "softmax":
+    return 1.0 / max(settings.num_experts, 1), 1.0
+  if settings.affinity == "cosine":
+    tau = values.get("router_temperature")
+    if tau is None or not tau > 0:
+      return None
+    return _sigmoid(-1.0 / tau), _sigmoid(1.0 / tau)
+  return 0.0, 1.0
+
+
+def gate_position(settings: GuardSettings, values: dict[str, float]) -> float | None:
+  """Where the mean gate sits in its attainable range: 0 at the floor, 1 at the ceiling (None: no range)."""
+  bounds = gate_range(settings, values)
+  if bounds is None or "mean_gate" not in values or bounds[1] <= bounds[0]:
+    return None
+  return (values["mean_gate"] - bounds[0]) / (bounds[1] - bounds[0])
+
+
+def _sigmoid(x: float) -> float:
+  return 1.0 / (1.0 + math.exp(-x))
 
 
 def layer_health(metrics: dict) -> dict[str, dict[str, float]]:
-  """``{'moe/moe_0/mean_gate': x, ...}`` (one log window's metrics) -> ``{'moe_0': {'mean_gate': x, ...}}``.
+  """One log window's metrics -> ``{layer: {name: value}}``.
 
-  Only the names in HEALTH_METRICS are kept; a dense model gives {}.
+  Keeps HEALTH_METRICS (``moe/<layer>/<name>``), the cosine router's temperature
+  (``moe/<layer>/router/router_temperature``) and, from the per-expert load ``moe/<layer>/load`` [N], the share of
+  tokens on the two busiest experts ``top2_load`` and ``num_experts``; a dense model gives {}.
   """
   layers: dict[str, dict[str, float]] = {}
   for key, value in metrics.items():
     parts = key.split("/")
-    if len(parts) >= 3 and parts[0] == "moe" and parts[-1] in HEALTH_METRICS:
-      layers.setdefault("/".join(parts[1:-1]), {})[parts[-1]] = float(value)
+    if len(parts) < 3 or parts[0] != "moe":
+      continue
+    name, layer = parts[-1], "/".join(parts[1:-1])
+    if name in HEALTH_METRICS:
+      layers.setdefault(layer, {})[name] = float(value)
+    elif name == "load" and hasattr(value, "__len__") and len(value) > 0:
+      loads = sorted((float(v) for v in value), reverse=True)
+      layers.setdefault(layer, {}).update(top2_load=sum(loads[:2]), num_experts=float(len(loads)))
+    elif name == "router_temperature" and len(parts) >= 4 and parts[-2] == "router":
+      layers.setdefault("/".join(parts[1:-2]), {})["router_temperature"] = float(value)
   return layers
 
 
-def collapse_reasons(values: dict[str, float], settings: GuardSettings) -> list[str]:
-  """The thresholds one layer's window values cross, as readable phrases ([] if healthy)."""
+def logged_contributions(record: dict) -> dict[str, float]:
+  """``{layer: relative valid-PPL increase without it}`` of an evaluation record (``moe/<layer>/contribution``)."""
+  return {"/".join(key.split("/")[1:-1]): float(value) for key, value in record.items()
+          if key.startswith("moe/") and key.endswith("/contribution")}
+
+
+def degenerate_reasons(values: dict[str, float], max_top2_load: float) -> list[str]:
+  """The degenerate-routing rule of one layer's window ([] when healthy or its load was not logged)."""
+  top2, experts = values.get("top2_load"), values.get("num_experts", 0)
+  if top2 is None or experts <= 2 or top2 <= max_top2_load:
+    return []
+  return [f"the two busiest of its {int(experts)} experts take {top2:.1%} of the tokens > health.max_top2_load="
+          f"{max_top2_load} (degenerate routing)"]
+
+
+def contribution_reasons(contribution: float | None, min_contribution: float) -> list[str]:
+  """The contribution rule ([] when the layer is worth at least ``min_contribution`` or was not measured)."""
+  if contribution is None or contribution >= min_contribution:
+    return []
+  return [f"removing it raises validation perplexity by {contribution:+.2%} < health.min_contribution="
+          f"{min_contribution} (no measurable work)"]
+
+
+def warning_reasons(values: dict[str, float], settings: GuardSettings) -> list[str]:
+  """The early-warning rules of one layer's window: a gate pinned at its floor, a low load balance."""
   reasons = []
-  if settings.check_gate:
-    if values.get("mean_gate", math.inf) < settings.min_mean_gate:
-      reasons.append(f"mean gate {values['mean_gate']:.4f} < health.min_mean_gate={settings.min_mean_gate}")
-    if values.get("low_gate_fraction", 0.0) > settings.max_low_gate_fraction:
-      reasons.append(f"{values['low_gate_fraction']:.1%} of gates < 0.01 > health.max_low_gate_fraction="
-                     f"{settings.max_low_gate_fraction}")
+  position = gate_position(settings, values)
+  if position is not None and position < settings.min_gate_position:
+    low, high = gate_range(settings, values)
+    reasons.append(f"mean gate {values['mean_gate']:.4f} sits {position:.1%} of the way up the range its router can "
+                   f"reach [{low:.3f}, {high:.3f}] (< health.min_gate_position={settings.min_gate_position})")
   if values.get("load_balance", 1.0) < settings.min_load_balance:
     reasons.append(f"load balance {values['load_balance']:.3f} < health.min_load_balance={settings.min_load_balance}")
   return reasons
@@ -86,77 +170,150 @@ def collapse_reasons(values: dict[str, float], settings: GuardSettings) -> list[
 
 @dataclasses.dataclass(frozen=True)
 class Collapse:
-  """A layer flagged dead at log step ``step`` after ``windows`` consecutive collapsed windows."""
+  """A layer found dead (``dead``) or warned about (early warning) at step ``step``."""
 
   layer: str
   step: int
-  windows: int
   values: dict[str, float]
   reasons: tuple[str, ...]
   router: str
+  dead: bool = True
 
   def message(self) -> str:
     v = self.values
-    numbers = ", ".join(f"{name} {v[name]:.4f}" for name in HEALTH_METRICS if name in v)
+    numbers = ", ".join(f"{name} {v[name]:.4f}" for name in (*HEALTH_METRICS, "top2_load", "contribution")
+                        if name in v)
+    cures = (f"Likely cures: {'--config.model.moe.stablemoe.balance_scope=all, ' if self.router == 'stablemoe' else ''}"
+             f"a lower --config.train.learning_rate, a longer --config.train.warmup_steps, or the balance-loss settings "
+             f"(model.moe.stablemoe.balance_alpha, model.moe.switch.balance_weight); see {DOCS_PAGE}.")
+    if not self.dead:
+      return (f"ROUTER HEALTH warning: MoE layer {self.layer} (router {self.router!r}) at step {self.step}: "
+              f"{'; '.join(self.reasons)} (values: {numbers}). An early warning, not a verdict: the layer is judged by "
+              f"its contribution at the evaluation points and its load. {cures}")
     return (f"ROUTER HEALTH: MoE layer {self.layer} (router {self.router!r}) is dead at step {self.step}: "
-            f"{'; '.join(self.reasons)}, in {self.windows} consecutive log windows "
-            f"(last window: {numbers}). The layer adds almost nothing: from here on the run is a dense model "
-            f"carrying a dead layer, and its perplexity is not this method's result. Likely cures: "
-            f"{'--config.model.moe.stablemoe.balance_scope=all, ' if self.router == 'stablemoe' else ''}a lower "
-            f"--config.train.learning_rate, a longer --config.train.warmup_steps, or the balance-loss settings "
-            f"(model.moe.stablemoe.balance_alpha, model.moe.switch.balance_weight); see {DOCS_PAGE}.")
+            f"{'; '.join(self.reasons)} (values: {numbers}). The layer adds almost nothing: from here on the run "
+            f"is a dense model carrying a dead layer, and its perplexity is not this method's result. {cures}")
 
 
 class CollapseGuard:
-  """Counts, per MoE layer, consecutive collapsed log windows ending after ``settings.after_step``.
+  """Applies the verdict during training: log windows (load, early warnings) and evaluation points (contribution).
 
-  A window counts if all its steps lie after ``after_step`` (it starts after the previous observed step).
-  Each layer is flagged at most once; a flagged layer stays dead in the summary whatever follows.
+  A window counts if all its steps lie after ``after_step`` (it starts after the previous observed step); an
+  evaluation point counts if it lies after ``after_step``. Each layer is flagged dead at most once, and warned
+  about at most once.
   """
 
   def __init__(self, settings: GuardSettings, start_step: int = 0):
     self.settings = settings
     self._last_step = start_step
-    self._streak: dict[str, int] = {}
+    self._degenerate_streak: dict[str, int] = {}
+    self._warning_streak: dict[str, int] = {}
     self.last_window: dict[str, dict[str, float]] = {}  # layer -> values of the last observed window
     self.last_window_step: int | None = None
     self.dead: dict[str, Collapse] = {}
+    self.warnings: dict[str, Collapse] = {}
 
   def observe(self, step: int, metrics: dict) -> list[Collapse]:
-    """Takes one log window's averaged metrics (ending at ``step``); returns the layers newly flagged dead."""
+    """Takes one log window's averaged metrics (ending at ``step``); returns the layers newly flagged or warned."""
     layers = layer_health(metrics)
     window_start, self._last_step = self._last_step + 1, step
     if not layers:
       return []
     self.last_window, self.last_window_step = layers, step
+    counted = window_start > self.settings.after_step
     found = []
     for layer, values in layers.items():
-      reasons = collapse_reasons(values, self.settings) if window_start > self.settings.after_step else []
-      self._streak[layer] = self._streak.get(layer, 0) + 1 if reasons else 0
-      if reasons and self._streak[layer] >= self.settings.patience and layer not in self.dead:
-        self.dead[layer] = Collapse(layer, step, self._streak[layer], values, tuple(reasons), self.settings.router)
+      degenerate = degenerate_reasons(values, self.settings.max_top2_load) if counted else []
+      if self._streak(self._degenerate_streak, layer, degenerate) and layer not in self.dead:
+        self.dead[layer] = Collapse(layer, step, values, tuple(degenerate), self.settings.router)
+        found.append(self.dead[layer])
+      warnings = warning_reasons(values, self.settings) if counted else []
+      if self._streak(self._warning_streak, layer, warnings) and layer not in self.warnings:
+        self.warnings[layer] = Collapse(layer, step, values, tuple(warnings), self.settings.router, dead=False)
+        found.append(self.warnings[layer])
+    return found
+
+  def _streak(self, streaks: dict[str, int], layer: str, reasons: list[str]) -> bool:
+    streaks[layer] = streaks.get(layer, 0) + 1 if reasons else 0
+    return bool(reasons) and streaks[layer] >= self.settings.patience
+
+  def observe_contribution(self, step: int, contributions: dict[str, float]) -> list[Collapse]:
+    """Takes an evaluation point's ``{layer: relative PPL increase without it}``; returns the layers newly dead."""
+    if step <= self.settings.after_step:
+      return []
+    found = []
+    for layer, value in contributions.items():
+      reasons = contribution_reasons(value, self.settings.min_contribution)
+      if reasons and layer not in self.dead:
+        values = {**self.last_window.get(layer, {}), "contribution": value}
+        self.dead[layer] = Collapse(layer, step, values, tuple(reasons), self.settings.router)
         found.append(self.dead[layer])
     return found
 
   def replay(self, records: list[dict], up_to_step: int) -> list[Collapse]:
-    """Observes the logged windows of ``metrics.jsonl`` records (steps <= ``up_to_step``) in order, from step 0."""
+    """Observes the logged windows and evaluation points of ``metrics.jsonl`` (steps <= ``up_to_step``) in order."""
     self._last_step = 0
     found = []
     for record in records:
-      if record["step"] <= up_to_step and layer_health(record):
+      if record["step"] > up_to_step:
+        continue
+      if layer_health(record):
         found += self.observe(record["step"], record)
+      if logged_contributions(record):
+        found += self.observe_contribution(record["step"], logged_contributions(record))
     self._last_step = max(self._last_step, up_to_step)
     return found
 
-  def summary(self) -> dict:
-    """The ``health`` section of summary.json (contribution added by the loop)."""
-    settings = dataclasses.asdict(self.settings)
-    layers = {layer: {**values, "dead": layer in self.dead,
-                      "flagged_at_step": self.dead[layer].step if layer in self.dead else None}
-              for layer, values in self.last_window.items()}
-    return {"ok": not self.dead, "dead_layers": sorted(self.dead), "last_window_step": self.last_window_step,
-            "layers": layers, "guard": settings,
-            "reasons": {layer: list(c.reasons) for layer, c in sorted(self.dead.items())}}
+  def summary(self, contribution: dict | None = None) -> dict:
+    """The ``health`` section of summary.json: the final verdict on the last window and ``contribution`` (the
+    final contribution measure, :func:`analysis.contribution.layer_contributions`' result), what was flagged in
+    training, and the early warnings."""
+    health = {"last_window_step": self.last_window_step, "layers": self.last_window,
+              "guard": dataclasses.asdict(self.settings),
+              "flagged_in_training": {layer: {"step": c.step, "reasons": list(c.reasons)}
+                                      for layer, c in sorted(self.dead.items())},
+              "warnings": {layer: {"step": c.step, "reasons": list(c.reasons)}
+                           for layer, c in sorted(self.warnings.items())},
+              "contribution": contribution if contribution is not None else {"layers": {}}}
+    return {**health, **verdict(health, self.settings.min_contribution, self.settings.max_top2_load)}
+
+
+def verdict(health: dict, min_contribution: float = DEFAULTS["min_contribution"],
+            max_top2_load: float = DEFAULTS["max_top2_load"]) -> dict:
+  """The rule on a ``health`` section's last window (``layers``) and final ``contribution``:
+  ``{"ok", "dead_layers", "verdict": {layer: {"dead", "reasons", "contribution", "top2_load"}}}``."""
+  contributions = (health.get("contribution") or {}).get("layers", {})
+  names = sorted(set(health.get("layers", {})) | set(contributions))
+  judged = {}
+  for layer in names:
+    values = health.get("layers", {}).get(layer, {})
+    contribution = contributions.get(layer, {}).get("relative_perplexity_increase")
+    reasons = contribution_reasons(contribution, min_contribution) + degenerate_reasons(values, max_top2_load)
+    judged[layer] = {"dead": bool(reasons), "reasons": reasons, "contribution": contribution,
+                     "top2_load": values.get("top2_load")}
+  dead = sorted(layer for layer, v in judged.items() if v["dead"])
+  return {"ok": not dead, "dead_layers": dead, "verdict": judged}
+
+
+def judge_summary(summary: dict, metrics_records: list[dict] | None = None) -> dict:
+  """:func:`verdict` of any run's summary.json (one rule for every run, those written before this rule too), at the
+  thresholds the run recorded (``health.guard``), else the defaults; the last window's load comes from
+  ``metrics_records`` (its metrics.jsonl) when the summary lacks it. A summary without a health section (a dense
+  run, an old run) gives ``{"ok": True, ...}``."""
+  health = dict(summary.get("health") or {})
+  guard = health.get("guard") or {}
+  thresholds = {key: guard.get(key, DEFAULTS[key]) for key in ("min_contribution", "max_top2_load")}
+  layers = {layer: dict(values) for layer, values in (health.get("layers") or {}).items()}
+  missing = [layer for layer, values in layers.items() if "top2_load" not in values]
+  if missing and metrics_records:
+    for record in reversed(metrics_records):
+      logged = layer_health(record)
+      if all("top2_load" in logged.get(layer, {}) for layer in missing):
+        for layer in missing:
+          layers[layer].update(top2_load=logged[layer]["top2_load"], num_experts=logged[layer]["num_experts"])
+        break
+  health["layers"] = layers
+  return verdict(health, **thresholds)
 
 
 def progress_summary(metrics: dict) -> dict[str, str]:
@@ -185,11 +342,11 @@ def check_config(config) -> None:
     require(key in DEFAULTS,
             f"health.{key} is unknown; the health keys are {sorted(DEFAULTS)} (configs/default.py).")
   get = lambda key: section.get(key, DEFAULTS[key])
-  for key in ("min_mean_gate", "max_low_gate_fraction", "min_load_balance"):
+  for key in ("min_contribution", "max_top2_load", "min_gate_position", "min_load_balance"):
     require(0.0 <= get(key) <= 1.0, f"health.{key}={get(key)} must lie in [0, 1]; the default is "
                                     f"--config.health.{key}={DEFAULTS[key]}.")
   require(get("patience") >= 1, f"health.patience={get('patience')} must be >= 1 (consecutive log windows of "
-                                f"train.log_every steps before a layer is flagged dead).")
+                                f"train.log_every steps before a layer's load is judged degenerate or warned about).")
   train = config.train
   require(-1 <= get("after_step") < train.steps,
           f"health.after_step={get('after_step')} must lie in [-1, train.steps={train.steps}) (-1: the end of the "

@@ -34,7 +34,7 @@ def jaxpr_counts(closed: jex.ClosedJaxpr) -> dict[str, float]:
     for eqn in jaxpr.eqns:
       name = eqn.primitive.name
       counts["equations"] += times
-      if not jex.jaxprs_in_params(eqn.params):
+      if not any(True for _ in jex.jaxprs_in_params(eqn.params)):
         for var in eqn.outvars:
           aval = var.aval
           if str(getattr(aval, "dtype", "")) == "float32":

@@ -358,7 +358,7 @@ def measure_case(prepared: Prepared, steps: int = 10, warmup: int = 2, profile_d
 
 def run_cases(base: ml_collections.ConfigDict, cases: list[Case], *, steps: int = 10, warmup: int = 2,
               vocab_size: int = DEFAULT_VOCAB_SIZE, emit=None, reference: bool = True,
-              profile_dir: str | None = None) -> list[dict]:
+              profile_dir: str | None = None, dense: bool = True) -> list[dict]:
   """Measures the plain-JAX reference (if ``reference``), the dense backbone, then every case.
 
   Every row after the first carries its tokens/s and step time relative to the rows measured before it
@@ -367,7 +367,7 @@ def run_cases(base: ml_collections.ConfigDict, cases: list[Case], *, steps: int 
   """
   rows, baselines = [], {}
   first = [Case(REFERENCE, {})] if reference else []
-  for case in [*first, Case(DENSE, DENSE_OVERRIDES), *cases]:
+  for case in [*first, *([Case(DENSE, DENSE_OVERRIDES)] if dense else []), *cases]:
     try:
       prepared = (prepare_reference(base, vocab_size) if case.name == REFERENCE
                   else prepare_case(base, case, vocab_size))
@@ -403,6 +403,8 @@ def main() -> None:
   vocab = flags.DEFINE_integer("vocab_size", DEFAULT_VOCAB_SIZE, "Vocabulary when model.vocab_size is 0.")
   reference = flags.DEFINE_bool("reference", True, "Measure the plain JAX/Flax GPT-2 step "
                                 "(benchmarks/reference_gpt2.py) first, at the dense backbone's shapes.")
+  dense = flags.DEFINE_bool("dense", True, "Measure the dense backbone (--nodense: the cases alone, e.g. one case a "
+                            "process under benchmarks.peak_memory).")
   profile = flags.DEFINE_string("profile_dir", "", "If set, profile 3 more steps of each case there and add "
                                 "the device time per op to its row (benchmarks/trace_summary.py).")
   flags.mark_flags_as_required(["config"])
@@ -415,11 +417,12 @@ def main() -> None:
     try:
       chosen = parse_cases(cases.value) if cases.value else default_cases()
       first = [REFERENCE] if reference.value else []
-      print(f"devices: {jax.devices()}; cases: {first + [DENSE] + [c.name for c in chosen]}", file=sys.stderr,
+      names = first + [DENSE] * dense.value + [c.name for c in chosen]
+      print(f"devices: {jax.devices()}; cases: {names}", file=sys.stderr,
             flush=True)
       run_cases(config.value, chosen, steps=steps.value, warmup=warmup.value, vocab_size=vocab.value,
                 emit=lambda row: print(json.dumps(row), flush=True), reference=reference.value,
-                profile_dir=profile.value or None)
+                profile_dir=profile.value or None, dense=dense.value)
     except (ConfigError, ValueError) as error:  # bad cases or config: one line, exit status 2
       print(f"error: {error}", file=sys.stderr)
       sys.exit(2)

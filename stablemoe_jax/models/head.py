@@ -89,9 +89,9 @@ def _in_chunks(head: HeadInputs, *per_token: jax.Array) -> tuple[int, jax.Array,
 
 
 def _chunk_loss(x_chunk: jax.Array, embedding: jax.Array, t_chunk: jax.Array, vocab: int, smoothing: float
-                ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-  """One chunk: x_chunk [C, d] and embedding [Vp, d] in the compute dtype, targets int32 [C] ->
-  (per-token loss float32 [C], logits float32 [C, Vp] with the padded columns at -inf, the real columns' mask)."""
+                ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+  """One chunk: x_chunk [C, d] and embedding [Vp, d] in the compute dtype, targets int32 [C] -> (per-token loss
+  float32 [C], logits float32 [C, Vp] with the padded columns at -inf, their logsumexp [C], the real columns' mask)."""
   logits = jnp.dot(x_chunk, embedding.T).astype(jnp.float32)
   padded = embedding.shape[0]
   real = None
@@ -104,7 +104,7 @@ def _chunk_loss(x_chunk: jax.Array, embedding: jax.Array, t_chunk: jax.Array, vo
   if smoothing:
     total = jnp.sum(logits if real is None else jnp.where(real, logits, 0.0), axis=-1)
     nll = lse - (1.0 - smoothing) * target - smoothing * total / vocab
-  return nll, logits, real
+  return nll, logits, lse, real
 
 
 def chunked_nll(head: HeadInputs, targets: jax.Array, smoothing: float = 0.0) -> jax.Array:
@@ -153,11 +153,12 @@ def chunked_mean_loss(head: HeadInputs, targets: jax.Array, weights: jax.Array, 
     def one_chunk(carry, chunk_inputs):
       loss_sum, d_embedding = carry
       x_chunk, t_chunk, w_chunk = chunk_inputs
-      nll, logits, real = _chunk_loss(x_chunk, compute, t_chunk, vocab, smoothing)
-      labels = jax.nn.one_hot(t_chunk, logits.shape[-1], dtype=jnp.float32) * (1.0 - smoothing)
+      nll, logits, lse, real = _chunk_loss(x_chunk, compute, t_chunk, vocab, smoothing)
+      scale = w_chunk / norm  # [C]
+      dz = jnp.exp(logits - lse[:, None]) * scale[:, None]  # softmax (0 at padded ids), minus the labels:
       if smoothing:
-        labels = labels + (smoothing / vocab if real is None else jnp.where(real, smoothing / vocab, 0.0))
-      dz = ((jax.nn.softmax(logits, axis=-1) - labels) * (w_chunk / norm)[:, None]).astype(hidden.dtype)
+        dz = dz - (smoothing / vocab) * (scale[:, None] if real is None else jnp.where(real, scale[:, None], 0.0))
+      dz = dz.at[jnp.arange(dz.shape[0]), t_chunk].add(-(1.0 - smoothing) * scale).astype(hidden.dtype)
       d_x = jnp.dot(dz, compute)
       d_embedding = d_embedding + jnp.dot(dz.T, x_chunk, preferred_element_type=jnp.float32)
       return (loss_sum + jnp.sum(nll * w_chunk), d_embedding), d_x

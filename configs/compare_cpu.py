@@ -33,6 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.compare.grid.learning_rate = ""  # e.g. "1e-3,2e-3,4e-3"
   config.compare.grid.warmup_steps = ""  # e.g. "40,400"
   config.compare.grid.extra = ""  # settings beyond the cross product, "LR/WARMUP" pairs, e.g. "6e-3/400,6e-3/600"
+  config.compare.grid.per_method = ""  # "METHOD=LR/W,...": its own grid; "METHOD=+LR/W,...": the shared one and more
   config.compare.grid.steps = 0  # the selection runs' budget; 0: train.steps (a shorter one scales stage1_steps)
   # A folder (e.g. results/tune_cpu, committed) that gets each finished run's summary.json, metrics.jsonl and
   # fluctuation.json; a run found there is not redone, so a sweep resumes on another machine. "": none.

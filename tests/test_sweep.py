@@ -288,3 +288,25 @@ def test_report_only_without_a_grid_trains_nothing_either(tiny_config, tmp_path,
   fake_training.clear()
   records = runner.run_all(config, tmp_path, log=lambda line, **_: None, train=False)
   assert not fake_training and [(r["method"], r["seed"]) for r in records] == [("dense", 0)]
+
+
+def test_a_method_grid_of_its_own_and_one_extended_past_the_shared_grid(tiny_config, tmp_path, fake_training):
+  config = _sweep_config(tiny_config, methods="dense,stablemoe_all", seeds=1, rates="3e-3", warmups="2")
+  config.compare.grid.per_method = "dense=1e-2/2, 1e-2/4; stablemoe_all=+3e-3/4"
+  grid = sweep.parse_grid(config)
+  assert [s.name for s in grid.for_method("dense")] == ["lr0.01_warmup2", "lr0.01_warmup4"]
+  assert [s.name for s in grid.for_method("stablemoe_all")] == ["lr0.003_warmup2", "lr0.003_warmup4"]
+  assert [s.name for s in grid.columns] == ["lr0.003_warmup2", "lr0.01_warmup2", "lr0.01_warmup4", "lr0.003_warmup4"]
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)
+  assert len(fake_training) == 2 + 2 + 2  # each method's own two settings, one reported seed each
+  assert result["choices"]["dense"]["name"] == "lr0.01_warmup2"  # not the shared 3e-3 / 2 it never ran
+  assert result["choices"]["stablemoe_all"]["name"] == "lr0.003_warmup2"  # 3e-3 / 4 is dead (the fake)
+  report.write_sweep_reports(config, result, tmp_path)
+  dense_line = next(line for line in (tmp_path / "comparison.md").read_text().splitlines()
+                    if line.startswith("| dense"))
+  assert dense_line.startswith("| dense Transformer (same shared layers) | · |") and dense_line.endswith("| · | lr 0.01, warmup 2 |")
+  for bad, message in (("switch=1e-3/2", "names 'switch', which is not in compare.methods"),
+                       ("dense", "is not METHOD=LR/W"), ("dense=+3e-3/2", "names a setting twice")):
+    config.compare.grid.per_method = bad
+    with pytest.raises(ConfigError, match=message):
+      sweep.parse_grid(config)

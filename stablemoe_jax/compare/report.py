@@ -299,6 +299,8 @@ def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[di
 
 def _grid_cell(cell: dict, rejected: dict[str, list]) -> str:
   """``rejected``: {setting name: seeds whose layer died there} of the method's rejected choices."""
+  if not cell.get("in_grid", True):
+    return "·"
   if cell["valid_ppl"] is None:
     return "--"
   name = cell["setting"]["name"]

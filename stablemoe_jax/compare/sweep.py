@@ -49,8 +49,19 @@ class Setting:
 
 @dataclasses.dataclass(frozen=True)
 class Grid:
-  settings: tuple[Setting, ...]
+  settings: tuple[Setting, ...]  # the shared grid
   steps: int  # the selection budget
+  per_method: tuple[tuple[str, tuple[Setting, ...]], ...] = ()  # compare.grid.per_method: (method, its grid)
+
+  def for_method(self, name: str) -> tuple[Setting, ...]:
+    """The settings ``name`` is tuned over: its own grid when ``compare.grid.per_method`` names it, else the shared."""
+    return dict(self.per_method).get(name, self.settings)
+
+  @property
+  def columns(self) -> tuple[Setting, ...]:
+    """Every setting of any method, the shared grid's first: the report's columns."""
+    extra = [s for _, grid in self.per_method for s in grid if s not in self.settings]
+    return self.settings + tuple(dict.fromkeys(extra))
 
 
 def _values(text, kind, key: str) -> list:
@@ -71,7 +82,7 @@ def _values(text, kind, key: str) -> list:
   return values
 
 
-def _extra_settings(text) -> list[Setting]:
+def _extra_settings(text, key: str = "extra") -> list[Setting]:
   settings = []
   for item in str(text or "").split(","):
     if not item.strip():
@@ -80,10 +91,33 @@ def _extra_settings(text) -> list[Setting]:
     try:
       setting = Setting(float(rate), int(warmup))
     except ValueError:
-      raise ConfigError(f"compare.grid.extra={text!r}: {item.strip()!r} is not LR/WARMUP; give comma-separated "
+      raise ConfigError(f"compare.grid.{key}={text!r}: {item.strip()!r} is not LR/WARMUP; give comma-separated "
                         f"pairs, e.g. --config.compare.grid.extra=6e-3/400,6e-3/600.") from None
     settings.append(setting)
   return settings
+
+
+def _per_method(text, shared: list[Setting], methods: list[str]) -> list[tuple[str, tuple[Setting, ...]]]:
+  """``compare.grid.per_method``: "METHOD=LR/W,...;METHOD=+LR/W,..." -> [(method, its settings)]. "=" replaces the
+  shared grid for that method, "=+" adds to it."""
+  result = []
+  for part in str(text or "").split(";"):
+    if not part.strip():
+      continue
+    name, sep, pairs = part.partition("=")
+    name = name.strip()
+    if not sep or not name:
+      raise ConfigError(f"compare.grid.per_method={text!r}: {part.strip()!r} is not METHOD=LR/W,...; e.g. "
+                        f"--config.compare.grid.per_method='switch_cosine=6e-3/400,4e-3/400;stablemoe_all=+6e-3/40'.")
+    if name not in methods:
+      raise ConfigError(f"compare.grid.per_method names {name!r}, which is not in compare.methods={methods}.")
+    adding = pairs.strip().startswith("+")
+    own = _extra_settings(pairs.strip().lstrip("+"), "per_method")
+    settings = (shared + own) if adding else own
+    if len(set(settings)) != len(settings):
+      raise ConfigError(f"compare.grid.per_method: {name}'s grid names a setting twice (or one the shared grid has).")
+    result.append((name, tuple(settings)))
+  return result
 
 
 def parse_grid(config: ml_collections.ConfigDict) -> Grid | None:
@@ -107,14 +141,16 @@ def parse_grid(config: ml_collections.ConfigDict) -> Grid | None:
   if len(set(settings)) != len(settings):
     raise ConfigError(f"compare.grid.extra={section.get('extra')!r} names a setting twice or one the cross product "
                       f"of learning_rate and warmup_steps already has.")
-  for setting in settings:
+  methods = [m.strip() for m in str(config.compare.get("methods", "")).split(",") if m.strip()]
+  per_method = _per_method(section.get("per_method", ""), settings, methods)
+  for setting in dict.fromkeys([*settings, *(s for _, own in per_method for s in own)]):
     source = "extra's " if setting in extra else ""  # the key the user wrote the bad value under
     if setting.learning_rate <= 0:
       raise ConfigError(f"compare.grid.{source}learning_rate: {setting.learning_rate:g} must be positive.")
     if not 0 <= setting.warmup_steps < steps:
       raise ConfigError(f"compare.grid.{source}warmup_steps: {setting.warmup_steps} must lie in [0, {steps}) (the "
                         f"selection budget, compare.grid.steps or train.steps).")
-  return Grid(tuple(settings), steps)
+  return Grid(tuple(settings), steps, tuple(per_method))
 
 
 def setting_config(method_config: ml_collections.ConfigDict, setting: Setting, steps: int,
@@ -156,6 +192,7 @@ def least_contribution(summary: dict) -> float | None:
 def choose(cells: list[dict], rejected: tuple[str, ...] = ()) -> dict | None:
   """The finished grid cell with the lowest valid perplexity among the live ones whose setting is not in
   ``rejected`` (names of choices a seed died at); else the lowest of all, marked ``every_setting_dead``."""
+  cells = [c for c in cells if c.get("in_grid", True)]
   finished = [c for c in cells if c.get("valid_ppl") is not None]
   if not finished or len(finished) < len(cells):
     return None
@@ -185,19 +222,23 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
   plans = {}
   for name, method_config in configs.items():  # every run's config checked before the first run starts
     try:
-      plans[name] = {s: setting_config(method_config, s, grid.steps, config.seed) for s in grid.settings}
-      for s in grid.settings:
+      plans[name] = {s: setting_config(method_config, s, grid.steps, config.seed) for s in grid.for_method(name)}
+      for s in grid.for_method(name):
         setting_config(method_config, s, full, config.seed)
     except ConfigError as error:
       raise ConfigError(f"method {name!r}: {error}") from error
   exported_root = runner.results_dir(config)
-  total = len(configs) * (len(grid.settings) + seeds)
+  total = sum(len(grid.for_method(name)) + seeds for name in configs)
   progress = {"done": 0, "total": total}  # run counter of the log's "[k/n]" tags (a rejected choice adds seeds)
   result = {"grid": {}, "choices": {}, "records": [], "selection_steps": grid.steps,
-            "settings": [s.as_dict() for s in grid.settings]}
+            "settings": [s.as_dict() for s in grid.columns]}
   for name, method_config in configs.items():
     cells = []
-    for setting in grid.settings:
+    for setting in grid.columns:
+      if setting not in grid.for_method(name):
+        cells.append({"setting": setting.as_dict(), "in_grid": False, "valid_ppl": None, "test_ppl": None,
+                      "alive": None, "dead_layers": [], "status": "not in this method's grid"})
+        continue
       relative = grid_relative(name, setting, grid, full)
       tag = f"{_count(progress)} {name} grid {setting.name}"
       found = runner.train_run(plans[name][setting], workdir, relative, log, tag, exported_root, train)
@@ -218,7 +259,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
       if choice is None:
         log(f"{name}: the grid is not finished; no choice and no seeds yet.", flush=True)
         break
-      chosen = next(s for s in grid.settings if s.name == choice["name"])
+      chosen = next(s for s in grid.for_method(name) if s.name == choice["name"])
       log(f"{name}: chose {chosen.name} (valid ppl "
           f"{next(c['valid_ppl'] for c in cells if c['setting']['name'] == chosen.name):.2f}"
           f"{', every setting dead' if choice['every_setting_dead'] else ''})", flush=True)

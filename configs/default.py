@@ -53,8 +53,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.moe.d_ff = 0  # 0 -> model.d_ff
   config.model.moe.capacity_factor = 2.0
   config.model.moe.eval_capacity_factor = 0.0  # <= 0: no token is dropped at evaluation
-  # Routing groups G: capacity ceil(cf * T / G / E) per (group, expert); a multiple of the device count.
-  config.model.moe.num_groups = 1
+  # Routing groups G: capacity ceil(cf * T / G / E) per (group, expert); a multiple of the device count. 0: one per
+  # device, chosen at launch and recorded with the run (a resumption or evaluation elsewhere routes the same way).
+  config.model.moe.num_groups = 0
   config.model.moe.shuffle_tokens = True  # training: random order within a group before capacity (drops random)
   # auto (all_to_all if mesh.expert > 1, else index) | index | all_to_all | grouped | one_hot (benchmark)
   config.model.moe.dispatcher = "auto"

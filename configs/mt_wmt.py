@@ -4,7 +4,8 @@ on the paper's translation preset (configs/mt_paper.py).
 Needs the TFDS data prepared where the network is (``python -m stablemoe_jax.data.wmt --tfds_data_dir=DIR``) and
 copied to ``data.tfds_data_dir``; then ``python -m stablemoe_jax.data.prepare --config configs/mt_wmt.py --workdir W
 --config.data.tfds_data_dir=DIR`` writes the tokenizer and pair shards, and ``main`` trains from W. Without the TFDS
-data: ``--mode=plan`` runs; preparing or training stops with one line naming what to prepare.
+data: ``--mode=plan`` runs; preparing or training stops with one line naming what to prepare (exit status 2, before
+anything is compiled or written). Routing groups and sample as configs/mt_paper.py: fits 1 to 64 devices.
 """
 from configs import mt_paper
 
@@ -17,5 +18,4 @@ def get_config():
   config.data.pairs = wmt.PAPER_PAIRS
   config.data.tfds_data_dir = ""  # where the TFDS WMT builders were prepared
   config.data.sampling_temperature = 5.0  # pairs range from ~1M (hi, lv) to ~40M (fr) sentences; our choice
-  config.model.moe.num_groups = 8  # routing groups: one per device of an 8-device mesh (mesh.expert may vary)
   return config

@@ -4,25 +4,33 @@ The whole-config check, above the modules that own each section: it checks the s
 (``task``, ``train``, ``eval``) and calls each owner's check in a fixed order (the first bad value found is the one
 reported): ``models/checks.py`` (``model``, ``model.moe``, the routers, ``mesh.expert``), ``train/health.py``
 (``health``), ``analysis/recorder.py`` (``analysis``), ``tasks/translation.py`` (``data``, ``decode`` of a
-translation config). Imported by the runners (``train/loop.py``, ``plan.py``) and the entry points only.
+translation config). With ``device_count`` it adds what a launch on that many devices needs (the launch and
+``--mode=plan`` call it alike); ``check_prepared`` stops a run whose corpus only ``data.prepare`` prepares, naming
+that command. Imported by the runners (``train/loop.py``, ``plan.py``) and the entry points only.
 """
 from __future__ import annotations
+
+import pathlib
 
 from stablemoe_jax.analysis import recorder as analysis_checks
 from stablemoe_jax.core.constants import TASK_NAMES
 from stablemoe_jax.core.errors import ConfigError  # noqa: F401  (re-exported: raised by every check)
+from stablemoe_jax.core.errors import DataNotFoundError
 from stablemoe_jax.core.errors import require as _require
 from stablemoe_jax.models import checks as model_checks
 from stablemoe_jax.train import health as health_lib
 
 
-def validate_config(config, data_vocab_size: int | None = None) -> None:
+def validate_config(config, data_vocab_size: int | None = None, device_count: int | None = None) -> None:
   """Raises ConfigError for the first bad value found.
 
   Args:
     config: the full run config.
     data_vocab_size: the tokenizer's vocabulary size, once known; checked
       against ``model.vocab_size``.
+    device_count: the devices of a launch (``--mode=plan``: those planned for); adds every check of the layout
+      (``model_checks.check_devices``, ``analysis_checks.check_devices``). ``model.moe.num_groups`` must then be
+      resolved (``parallel.mesh.resolve_layout``): the launch and the plan make the same checks.
   """
   model, train = config.model, config.train
   task = config.get("task", "lm")
@@ -65,6 +73,45 @@ def validate_config(config, data_vocab_size: int | None = None) -> None:
     # Imported here: importing the translation task loads its input pipeline.
     from stablemoe_jax.tasks import translation as translation_task
     translation_task.check_config(config)
+  if device_count is not None:
+    model_checks.check_devices(config, device_count)
+    analysis_checks.check_devices(config, device_count)
+
+
+def _glob_overrides(data, keys: tuple[str, ...]) -> str:
+  """`` --config.data.KEY=VALUE`` for each key: the config's value where it has one, else a placeholder."""
+  placeholders = {"pairs": "xx-en,yy-en", "tfds_data_dir": "DIR"}
+  values = [(key, data.get(key) or placeholders.get(key, "GLOB")) for key in keys]
+  return "".join(f" --config.data.{key}='{value}'" for key, value in values)
+
+
+def check_prepared(config, workdir, config_arg: str = "CONFIG") -> None:
+  """Raises DataNotFoundError unless ``workdir/data`` holds the corpus of a config that only
+  ``python -m stablemoe_jax.data.prepare`` prepares (``data.corpus=files`` of either task, WMT); one line naming that
+  command with ``config_arg`` (the ``--config`` given), made before anything is written, prepared or compiled.
+  Other corpora (PTB, ``text``, Multi30k + Bible) are prepared by the run itself."""
+  data, prepared_dir = config.data, pathlib.Path(workdir) / "data"
+  corpus, task = data.get("corpus", ""), config.get("task", "lm")
+  if task == "lm" and corpus == "files":
+    from stablemoe_jax.data.lm import prepared  # pylint: disable=import-outside-toplevel
+    if prepared.is_sharded(prepared_dir):
+      return
+    inputs = _glob_overrides(data, ("train_files", "valid_files", "test_files"))
+  elif task == "translation" and corpus in ("files", "wmt"):
+    from stablemoe_jax.data.translation import pipeline, wmt  # pylint: disable=import-outside-toplevel
+    if (prepared_dir / "translation" / pipeline.MANIFEST).is_file():
+      return
+    if corpus == "wmt":
+      wmt.require_prepared(data)  # the TFDS step first, where the network is
+      inputs = _glob_overrides(data, ("tfds_data_dir",))
+    else:
+      inputs = _glob_overrides(data, ("pairs", "train_files", "valid_files", "test_files"))
+  else:
+    return
+  raise DataNotFoundError(
+      f"data.corpus={corpus!r} is read from shards that {prepared_dir} does not hold: prepare them first with "
+      f"`python -m stablemoe_jax.data.prepare --config {config_arg} --workdir {workdir} --workers 8{inputs}` "
+      f"(docs/data.md), then run this command again (the config's other overrides on both).")
 
 
 def check_backend(config, backend: str) -> None:

@@ -14,6 +14,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from stablemoe_jax import cli
+from stablemoe_jax import config_validation
 from stablemoe_jax import plan as plan_lib
 from stablemoe_jax.commands import analyze as analysis_command
 from stablemoe_jax.commands import translate as translate_command
@@ -67,6 +68,9 @@ def main(argv: list[str]) -> None:
   log = sys.stderr if _MODE.value == "translate" else sys.stdout  # translate's stdout is the translations
   if jax.process_index() == 0:
     print(f"{jax.process_count()} process(es), devices: {jax.devices()}", file=log, flush=True)
+  if _MODE.value != "plan":  # a corpus only `data.prepare` prepares: one line naming it with this --config
+    config_validation.check_prepared(_CONFIG.value, _WORKDIR.value,
+                                     config_flags.get_config_filename(flags.FLAGS["config"]))
   if _MODE.value == "plan":
     plan_lib.check_plan_flags(_PLAN_DEVICES.value, _PLAN_MEMORY.value)
     result = plan_lib.plan(_CONFIG.value, _PLAN_DEVICES.value, _PLAN_MEMORY.value)

@@ -9,6 +9,7 @@ is also compiled and XLA's own temporary-memory figure is reported beside it.
 from __future__ import annotations
 
 import math
+import pathlib
 from typing import Any
 
 import flax.linen as nn
@@ -137,9 +138,8 @@ def compiled_temp_bytes(config: ml_collections.ConfigDict, num_devices: int) -> 
 
 def plan(config: ml_collections.ConfigDict, num_devices: int, memory_gib: float, compile_step: bool = True) -> dict:
   """The plan of ``config`` on ``num_devices`` accelerators of ``memory_gib`` GiB each (see the module doc)."""
-  config = _resolved(config)
-  validate_config(config)
-  mesh_lib.check_layout(config, num_devices)
+  config = mesh_lib.resolve_layout(_resolved(config), num_devices)  # num_groups 0: one group per planned device
+  validate_config(config, device_count=num_devices)  # every check a launch on num_devices devices makes
   state = state_bytes_per_device(config, num_devices)
   grads = state["params"]  # float32, laid out as the parameters
   rows_per_device = config.train.batch_size // num_devices
@@ -155,6 +155,7 @@ def plan(config: ml_collections.ConfigDict, num_devices: int, memory_gib: float,
   smallest = next((o for o in options if o["fits"]), None)
   result = {
       "devices": num_devices, "mesh": {"data": num_devices // config.mesh.expert, "expert": config.mesh.expert},
+      "num_groups": config.model.moe.num_groups,
       "vocab_size": config.model.vocab_size, "rows_per_device": rows_per_device,
       "params_total_gib": state["params_total"] / GIB,
       "params_gib_per_device": state["params"] / GIB, "opt_state_gib_per_device": state["opt_state"] / GIB,
@@ -175,6 +176,44 @@ def plan(config: ml_collections.ConfigDict, num_devices: int, memory_gib: float,
   return result
 
 
+def host_memory_available() -> int | None:
+  """Bytes of memory this host has available (``MemAvailable`` of /proc/meminfo; None where there is none)."""
+  try:
+    for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+      if line.startswith("MemAvailable:"):
+        return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  return None
+
+
+def check_host_memory(config: ml_collections.ConfigDict, device_count: int, local_devices: int,
+                      available: int | None) -> None:
+  """Raises ConfigError when, on CPU devices (whose buffers all lie in this host's memory), the train state of this
+  process's ``local_devices`` devices cannot fit in the ``available`` bytes: parameters, Adam state and gradients,
+  laid out as on the ``device_count``-device mesh, each device its own copy of what it holds.
+
+  A lower bound, so it refuses only what cannot run: without ``model.vocab_size`` the vocabulary counts as the
+  sentencepiece size where that is known, else 1 (a word vocabulary is known only once the data is read). Made at
+  launch before the data, it replaces the kernel's kill (exit status 137) after the data and the state's init.
+  """
+  if not available:
+    return
+  config = ml_collections.ConfigDict(config.to_dict())
+  if not config.model.vocab_size:
+    known = task_name(config) == "translation" or config.data.get("tokenizer", "word") == "sentencepiece"
+    config.model.vocab_size = int(config.data.get("sentencepiece_vocab_size", 1)) if known else 1
+  state = state_bytes_per_device(config, device_count)
+  per_device = 2 * state["params"] + state["opt_state"]  # the gradients are laid out as the parameters
+  need = local_devices * per_device
+  if need > available:
+    raise ConfigError(
+        f"the train state needs at least {need / GIB:.1f} GiB of this host's memory on its {local_devices} CPU "
+        f"device(s) ({per_device / GIB:.2f} GiB each: parameters, Adam state, gradients), more than the "
+        f"{available / GIB:.1f} GiB available; use fewer CPU devices (--cpu_devices), a smaller model, or "
+        f"accelerators (--mode=plan --plan_devices=N sizes a cluster).")
+
+
 def check_plan_flags(num_devices: int | None, memory_gib: float) -> None:
   if not num_devices or num_devices < 1:
     raise ConfigError("--mode=plan needs --plan_devices=N, the number of accelerators to plan for.")
@@ -186,7 +225,7 @@ def format_plan(result: dict) -> str:
   """Human-readable lines of a plan."""
   rows = [
       f"plan: {result['devices']} devices, mesh data={result['mesh']['data']} x expert={result['mesh']['expert']}, "
-      f"vocab {result['vocab_size']}",
+      f"vocab {result['vocab_size']}, routing groups {result['num_groups']}",
       f"  parameters (all)           {result['params_total_gib']:8.2f} GiB",
       f"  per device: parameters     {result['params_gib_per_device']:8.2f} GiB (exact)",
       f"              optimizer      {result['opt_state_gib_per_device']:8.2f} GiB (exact)",

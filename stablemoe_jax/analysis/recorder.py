@@ -7,7 +7,7 @@ import numpy as np
 from stablemoe_jax.analysis import records as records_lib
 from stablemoe_jax.analysis.report import global_inputs, write_report
 from stablemoe_jax.analysis.routes import analysis_model, make_sample_router, stack_layers
-from stablemoe_jax.core.errors import ConfigError, require
+from stablemoe_jax.core.errors import require
 from stablemoe_jax.models.transformer import has_moe_layers
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
@@ -38,12 +38,8 @@ class RoutingRecorder:
     self._meta_written = False
     if not self.enabled:
       return
-    seq_len = cfg.train.seq_len
-    rows = cfg.analysis.sample_tokens // seq_len
-    if rows % exp.mesh.size:
-      raise ConfigError(f"analysis.sample_tokens // train.seq_len (= {cfg.analysis.sample_tokens} // {seq_len}, "
-                        f"rows of the routing sample) must be a multiple of the number of devices ({exp.mesh.size}); "
-                        f"change --config.analysis.sample_tokens.")
+    check_devices(cfg, exp.mesh.size)  # made before anything is prepared too (config_validation); kept for callers
+    rows = cfg.analysis.sample_tokens // cfg.train.seq_len
     self._sample = exp.task.routing_sample(exp.data, cfg, rows)  # numpy [R, S] entries, the same on every process
     self._inputs = global_inputs(exp, self._sample)
     self._route = mesh_lib.under_mesh(exp.mesh, jax.jit(
@@ -94,3 +90,21 @@ def check_config(config) -> None:
           f"analysis.sample_tokens={analysis.sample_tokens} must be at least train.seq_len={train.seq_len} "
           f"(the sample is whole rows of train.seq_len tokens); raise --config.analysis.sample_tokens.")
   require(analysis.top_tokens > 0, f"analysis.top_tokens={analysis.top_tokens} must be positive.")
+
+
+def check_devices(config, device_count: int) -> None:
+  """What the routing records ask of a launch on ``device_count`` devices (``model.moe.num_groups`` resolved): the
+  sample's R = ``analysis.sample_tokens // train.seq_len`` rows are split over the devices, and its R x seq_len
+  tokens routed in the model's groups."""
+  if not (has_moe_layers(config.model) and config.analysis.record_every > 0):
+    return
+  seq_len, tokens = config.train.seq_len, config.analysis.sample_tokens
+  rows = tokens // seq_len
+  require(rows % device_count == 0,
+          f"analysis.sample_tokens // train.seq_len (= {tokens} // {seq_len} = {rows} rows of the routing sample) "
+          f"must be a multiple of the number of devices ({device_count}); set --config.analysis.sample_tokens to a "
+          f"multiple of {device_count * seq_len} (or --config.analysis.record_every=0: no routing records).")
+  groups = config.model.moe.num_groups
+  require(groups > 0 and rows * seq_len % groups == 0,
+          f"model.moe.num_groups={groups} must divide the {rows * seq_len} tokens of the routing sample "
+          f"({rows} rows of train.seq_len={seq_len}); change --config.analysis.sample_tokens.")

@@ -15,21 +15,26 @@ def device_counts(rows: list[dict]) -> collections.Counter:
   return collections.Counter(label for row in rows for label in row.get("devices", []))
 
 
-def write_plot(rows: list[dict], path: pathlib.Path) -> None:
-  """Validation perplexity against training wall time, one curve per method (the paper's Figure 5)."""
+def _plot_validation(rows: list[dict], key: str, x_scale: float, x_label: str, path: pathlib.Path) -> None:
+  """One log-scale curve per method of ``row[key]`` ([[x, valid perplexity], ...], x divided by ``x_scale``)."""
   plt = plot.pyplot()
   figure, axes = plt.subplots(figsize=(7, 4.5))
   for row in rows:
-    curve = np.asarray(row["curve"])
-    axes.plot(curve[:, 0] / 60, curve[:, 1], marker="o", markersize=3, label=row["label"])
-  axes.set_xlabel("training wall time (min)")
-  axes.set_ylabel("validation perplexity")
+    curve = np.asarray(row[key])
+    axes.plot(curve[:, 0] / x_scale, curve[:, 1], marker="o", markersize=3, label=row["label"])
+  axes.set_xlabel(x_label)
+  axes.set_ylabel("validation perplexity (mean over seeds)")
   axes.set_yscale("log")
   axes.grid(True, which="both", alpha=0.3)
   axes.legend(fontsize=8)
   figure.tight_layout()
   figure.savefig(path, dpi=120)
   plt.close(figure)
+
+
+def write_plot(rows: list[dict], path: pathlib.Path) -> None:
+  """Validation perplexity against training wall time, one curve per method (the paper's Figure 5)."""
+  _plot_validation(rows, "curve", 60, "training wall time (min)", path)
 
 
 def write_token_plot(rows: list[dict], path: pathlib.Path) -> str:
@@ -38,19 +43,7 @@ def write_token_plot(rows: list[dict], path: pathlib.Path) -> str:
   rows = [row for row in rows if row.get("token_curve")]
   if not rows:
     return ""
-  plt = plot.pyplot()
-  figure, axes = plt.subplots(figsize=(7, 4.5))
-  for row in rows:
-    curve = np.asarray(row["token_curve"])
-    axes.plot(curve[:, 0] / 1e6, curve[:, 1], marker="o", markersize=3, label=row["label"])
-  axes.set_xlabel("training tokens (millions)")
-  axes.set_ylabel("validation perplexity (mean over seeds)")
-  axes.set_yscale("log")
-  axes.grid(True, which="both", alpha=0.3)
-  axes.legend(fontsize=8)
-  figure.tight_layout()
-  figure.savefig(path, dpi=120)
-  plt.close(figure)
+  _plot_validation(rows, "token_curve", 1e6, "training tokens (millions)", path)
   return f"\n![validation perplexity against training tokens]({path.name})\n"
 
 

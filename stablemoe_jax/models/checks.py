@@ -9,6 +9,7 @@ from stablemoe_jax.models.experts import EXPERT_BIAS_INITS
 from stablemoe_jax.models.routers import ROUTERS
 from stablemoe_jax.models.transformer import (ATTENTION_IMPLEMENTATIONS, PLACEMENTS, REMAT_POLICIES,
                                                attention_implementation)
+from stablemoe_jax.parallel import mesh as mesh_lib
 
 DTYPES = ("float32", "bfloat16", "float16")
 DENSE_MATCHES = ("none", "deeper", "wider")
@@ -56,11 +57,14 @@ def check_moe(config) -> None:
             f"model.moe.capacity_factor={moe.capacity_factor} must be > 0 (the paper's code uses 2.0).")
     require(moe.sublayers_per_expert > 0,
             f"model.moe.sublayers_per_expert={moe.sublayers_per_expert} must be positive.")
-    require(moe.num_groups > 0, f"model.moe.num_groups={moe.num_groups} must be positive (1: one routing group).")
+    require(moe.num_groups >= 0, f"model.moe.num_groups={moe.num_groups} must be >= 0 (1: one routing group; 0: one "
+                                 f"per device, chosen at launch and recorded with the run).")
     require(moe.get("expert_bias_init", "zeros") in EXPERT_BIAS_INITS,
             f"model.moe.expert_bias_init={moe.get('expert_bias_init')!r} is unknown; choose one of "
             f"{EXPERT_BIAS_INITS} (torch: the authors' code's PyTorch default).")
     for section, rows in (("train", train.batch_size // train.microbatches), ("eval", config.eval.batch_size)):
+      if not moe.num_groups:  # 0: one group per device, checked once the launch resolves it (check_devices)
+        break
       tokens = rows * config[section].seq_len
       require(tokens % moe.num_groups == 0,
               f"model.moe.num_groups={moe.num_groups} must divide the {tokens} tokens of a {section} batch "
@@ -86,6 +90,13 @@ def check_moe(config) -> None:
           f"set --config.mesh.expert=1 (every device then takes a share of the batch).")
   require(model.get("dense_match", "none") in DENSE_MATCHES,
           f"model.dense_match={model.get('dense_match')!r} is unknown; choose one of {DENSE_MATCHES}.")
+
+
+def check_devices(config, device_count: int) -> None:
+  """What a launch on ``device_count`` devices asks of the model and the mesh: ``mesh.expert``, whole rows of every
+  batch on every device, and ``model.moe.num_groups`` a multiple of the devices (``config`` resolved by
+  ``parallel.mesh.resolve_layout``, so the checks of ``check_moe`` that need the number of groups have run)."""
+  mesh_lib.check_layout(config, device_count)
 
 
 def check_backend(config, backend: str) -> None:
@@ -128,8 +139,8 @@ def _check_routers(config) -> None:
     require(distilled.kind != "transformer" or distilled.dim % distilled.num_heads == 0,
             f"model.moe.distilled_router.dim={distilled.dim} must be divisible by "
             f"model.moe.distilled_router.num_heads={distilled.num_heads}.")
-  if moe.router == "base":
-    groups = int(moe.get("num_groups", 1) or 1)
+  if moe.router == "base" and moe.get("num_groups", 1) != 0:  # 0: checked once resolved at launch
+    groups = int(moe.get("num_groups", 1))
     tokens = train.batch_size // train.microbatches * train.seq_len
     require(tokens % (groups * moe.num_experts) == 0,
             f"router 'base' gives every expert exactly 1/N of a routing group, but a step's {tokens} tokens "

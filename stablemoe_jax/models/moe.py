@@ -7,6 +7,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from stablemoe_jax.models import dispatch, experts, routers
 from stablemoe_jax.models.routing import METRICS, ROUTING, expert_load, masked_mean, routing_health
@@ -14,12 +15,26 @@ from stablemoe_jax.models.routing import METRICS, ROUTING, expert_load, masked_m
 SHUFFLE_RNG = "shuffle"  # the rng stream of the token shuffle before capacity (given by the train step)
 
 
+def mesh_devices() -> int:
+  """Devices of the mesh set by the surrounding ``jax.set_mesh`` (1 outside one)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return 1 if mesh.empty else int(mesh.size)
+
+
+def with_groups(moe_config, groups: int):
+  """A copy of the ``model.moe`` config with ``num_groups = groups``."""
+  config = ml_collections.ConfigDict(moe_config.to_dict())
+  config.num_groups = groups
+  return config
+
+
 class MoELayer(nn.Module):
   """Top-1 MoE: ``h'_t = h_t + gate_t * Expert_{e_t}(h_t)``; dropped tokens pass unchanged.
 
   The router runs on all T tokens (its losses are over the global batch). Tokens are then taken
   in ``model.moe.num_groups`` groups of T / G consecutive tokens with C = ``ceil(cf * T / G / E)``
-  slots per (group, expert); in training (``deterministic=False``, ``shuffle_tokens`` on and a
+  slots per (group, expert) (G = 0, which a launch resolves and records: one group per device of the surrounding
+  mesh); in training (``deterministic=False``, ``shuffle_tokens`` on and a
   ``shuffle`` rng given) positions are assigned in a random order within each group. The
   dispatcher (``model.moe.dispatcher``) moves the rows to the experts and back; with "auto" it is
   the all-to-all one when the mesh of the surrounding ``jax.set_mesh`` has an ``expert`` axis > 1.
@@ -52,6 +67,8 @@ class MoELayer(nn.Module):
     capacity, passes unchanged, and counts in no routing loss or metric.
     """
     cfg = self.moe_config
+    if cfg.get("num_groups", 1) == 0:  # unresolved (a model built outside a launch): one group per device of the mesh
+      cfg = with_groups(cfg, mesh_devices())
     num_experts = cfg.num_experts
     batch, length, d = x.shape
     h = x.reshape(batch * length, d)

@@ -2,7 +2,9 @@
 
 ``mesh.expert`` devices share the experts (E / mesh.expert each); ``data`` takes the remaining
 devices, each holding a replica of the experts. The batch is split over both axes, each process
-feeding the rows of its own devices. Routing groups keep a run's result independent of the layout.
+feeding the rows of its own devices. Routing groups keep a run's result independent of the layout:
+``model.moe.num_groups = 0`` (one group per device) is resolved at launch (:func:`resolve_layout`) and the run
+records the number it trained with, so a resumption or an evaluation on another layout routes the same way.
 """
 from __future__ import annotations
 
@@ -17,8 +19,26 @@ from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.parallel import sharding as sharding_lib
 
 
+def resolve_layout(config, device_count: int, recorded_groups: int | None = None):
+  """A copy of ``config`` with ``model.moe.num_groups = 0`` (automatic) replaced by a number of routing groups.
+
+  The number is ``recorded_groups`` when the run being resumed or evaluated recorded one (its checkpoints' config),
+  so it routes exactly as it trained whatever the layout now; otherwise one group per device (``device_count``:
+  every device of the mesh holds its own slice of the tokens, data x expert). A non-zero value is kept as given
+  (a checkpoint written with another one is refused when it is restored).
+  """
+  moe = config.model.get("moe")
+  if moe is None or moe.get("num_groups", 1) != 0:
+    return config
+  config = type(config)(config.to_dict())
+  config.model.moe.num_groups = int(recorded_groups) if recorded_groups else int(device_count)
+  return config
+
+
 def check_layout(config, device_count: int) -> None:
-  """Raises ConfigError unless ``mesh.expert``, ``model.moe.num_groups`` and the batches fit ``device_count``."""
+  """Raises ConfigError unless ``mesh.expert``, ``model.moe.num_groups`` and the batches fit ``device_count``.
+
+  ``model.moe.num_groups = 0`` (one group per device, :func:`resolve_layout`) fits any ``device_count``."""
   expert = config.mesh.expert
   if expert < 1 or device_count % expert:
     raise ConfigError(f"mesh.expert={expert} must divide the number of devices ({device_count}); "

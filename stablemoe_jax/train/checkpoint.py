@@ -1,6 +1,7 @@
 """Orbax checkpoints of the train state, the data position and the config that wrote them."""
 from __future__ import annotations
 
+import json
 import pathlib
 from typing import Any
 
@@ -122,6 +123,29 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+def saved_config(directory: pathlib.Path) -> dict | None:
+  """The config saved with the latest checkpoint under ``directory`` (None: no checkpoint there).
+
+  Read from the files (``STEP/config/metadata``, the JSON that ``Checkpointer.save`` writes; orbax names a step's
+  folder by its number only once it is complete), not through a CheckpointManager: no collective, so any process may
+  call it before the run's Checkpointer exists."""
+  directory = pathlib.Path(directory)
+  steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit() and (p / "config" / "metadata").is_file()
+           ] if directory.is_dir() else []
+  if not steps:
+    return None
+  return json.loads((directory / str(max(steps)) / "config" / "metadata").read_text())
+
+
+def saved_num_groups(directory: pathlib.Path) -> int | None:
+  """``model.moe.num_groups`` the run's latest checkpoint under ``directory`` was trained with (None: none saved).
+
+  What ``model.moe.num_groups = 0`` (one group per device) resolves to when that run is resumed or evaluated."""
+  saved = saved_config(directory)
+  groups = ((saved or {}).get("model") or {}).get("moe", {}).get("num_groups")
+  return int(groups) if groups else None
 
 
 def abstract_like(tree: Any) -> Any:

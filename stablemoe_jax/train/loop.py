@@ -13,10 +13,11 @@ import ml_collections
 import numpy as np
 import tqdm
 
+from stablemoe_jax import plan as plan_lib
 from stablemoe_jax import tasks as tasks_lib
 from stablemoe_jax.analysis.contribution import experiment_contributions
 from stablemoe_jax.analysis.recorder import RoutingRecorder
-from stablemoe_jax.config_validation import check_backend, validate_config
+from stablemoe_jax.config_validation import check_backend, check_prepared, validate_config
 from stablemoe_jax.models import routers
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
@@ -37,14 +38,22 @@ class Experiment:
 
   Building it validates the config and prepares the data, but compiles nothing. What differs between
   tasks (data, model, loss, evaluation) comes from ``self.task`` (``config.task``, ``tasks/base.py``).
+  Every config check, the layout's included, comes before anything is written or prepared; the automatic
+  ``model.moe.num_groups = 0`` becomes the number the run's checkpoints recorded (a resumption or an evaluation
+  on another layout routes as training did), else one group per device, and ``self.config`` holds it (saved in
+  ``workdir/config.json`` and with every checkpoint).
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path):
-    validate_config(config)
-    check_backend(config, jax.default_backend())
     self.workdir = pathlib.Path(workdir)
+    recorded = ckpt_lib.saved_num_groups(self.workdir / "checkpoints")
+    config = mesh_lib.resolve_layout(config, jax.device_count(), recorded)
+    validate_config(config, device_count=jax.device_count())
+    check_backend(config, jax.default_backend())
+    check_prepared(config, self.workdir)  # a corpus only `data.prepare` prepares: one line naming it
+    if jax.default_backend() == "cpu":  # every CPU device's state lies in this host's memory
+      plan_lib.check_host_memory(config, jax.device_count(), jax.local_device_count(), plan_lib.host_memory_available())
     self.workdir.mkdir(parents=True, exist_ok=True)
-    mesh_lib.check_layout(config, jax.device_count())
     self.mesh = mesh_lib.make_mesh(config.mesh)
     self.task = tasks_lib.make_task(config)
     if jax.process_index() == 0:  # prepares tokenizer and records once; the others then read them
@@ -274,6 +283,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         "steps": train_cfg.steps,
         "stage1_steps": train_cfg.stage1_steps,
         "device": device_record(),  # speed columns compare only runs on one kind of device, each alone on it
+        "num_groups": cfg.model.moe.num_groups,  # the routing groups it trained with (0 in the config: one a device)
         "train_seconds_this_run": round(time.time() - started, 1),
         "train_seconds": round(train_seconds, 1),  # all runs of this workdir, evaluations excluded
         "tokens_per_second": round(train_cfg.steps * tokens_per_step / max(train_seconds, 1e-9), 1),

@@ -18,7 +18,7 @@ from stablemoe_jax.train import loop
 
 # Every config file (its ``:arg`` variants too) and how the plan (no compile) ends on 1, 8 and 64 devices: the number
 # of routing groups it resolves, or the start of the one line that says why it cannot run there.
-BATCH_16 = ("train.batch_size / train.microbatches=16 must be a multiple of the number of devices (64)")
+BATCH_16 = "train.batch_size / train.microbatches=16 must be a multiple of the number of devices (64)"
 NO_PAIRS = "data.pairs='': no pair given"
 EXPECTED = {
     "default": (1, 8, BATCH_16),

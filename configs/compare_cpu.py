@@ -38,5 +38,8 @@ def get_config() -> ml_collections.ConfigDict:
   # A folder (e.g. results/tune_cpu, committed) that gets each finished run's summary.json, metrics.jsonl and
   # fluctuation.json; a run found there is not redone, so a sweep resumes on another machine. "": none.
   config.compare.results_dir = ""
+  # Paired differences in the report: "" pairs every method with dense; "ABLATION:BASELINE,..." pairs each ablation
+  # with the method it ablates instead (configs/ablate_cpu.py).
+  config.compare.pairs = ""
   config.compare.report_only = False  # True: train nothing, report the finished runs
   return config

@@ -310,3 +310,41 @@ def test_a_method_grid_of_its_own_and_one_extended_past_the_shared_grid(tiny_con
     config.compare.grid.per_method = bad
     with pytest.raises(ConfigError, match=message):
       sweep.parse_grid(config)
+
+
+def test_a_method_with_one_setting_trains_no_selection_run_and_pairs_with_its_baseline(tiny_config, tmp_path,
+                                                                                       fake_training):
+  """configs/ablate_cpu.py's shape: each method at one fixed setting, its seeds reported, an ablation paired with
+  the method it ablates."""
+  config = _sweep_config(tiny_config, methods="stablemoe_all,stablemoe_assigned", seeds=2, rates="", warmups="")
+  config.compare.grid.per_method = "stablemoe_all=3e-3/2;stablemoe_assigned=3e-3/2"
+  config.compare.pairs = "stablemoe_assigned:stablemoe_all"
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)
+  assert sorted(seed for *_, seed in fake_training) == [1, 1, 2, 2]  # no seed-0 selection run
+  assert result["choices"]["stablemoe_all"]["fixed"] and result["choices"]["stablemoe_all"]["name"] == "lr0.003_warmup2"
+  report.write_sweep_reports(config, result, tmp_path)
+  table = (tmp_path / "comparison.md").read_text()
+  assert "## Paired against its baseline" in table and "| its setting | lr 0.003, warmup 2 (its one setting) |" in table
+  line = next(l for l in table.splitlines() if l.startswith("| StableMoE, the paper's balance loss (assigned) | "
+                                                            "StableMoE, balance loss over all tokens (all) |"))
+  assert "| 1, 2 | +0.00 [+0.00, +0.00] |" in line  # the fake's valid PPL depends on the setting, not the method
+  config.compare.pairs = "stablemoe_assigned:dense"
+  with pytest.raises(ConfigError, match="must be METHOD:BASELINE with both in compare.methods"):
+    report.pairs_of(config)
+  config.compare.grid.per_method = "stablemoe_all=3e-3/2"
+  with pytest.raises(ConfigError, match=r"gives none to \['stablemoe_assigned'\]"):
+    sweep.parse_grid(config)
+
+
+def test_the_ablation_preset_shares_the_tuned_runs_and_ablates_stage_1():
+  from configs import ablate_cpu  # pylint: disable=import-outside-toplevel
+  config = ablate_cpu.get_config()
+  configs = method_configs(config)
+  grid = sweep.parse_grid(config)
+  assert {name: [s.name for s in grid.for_method(name)] for name in configs} == {
+      "base": ["lr0.004_warmup400"], "base_fixed": ["lr0.004_warmup400"],
+      "stablemoe_cosine": ["lr0.006_warmup400"], "stablemoe_cosine_stage1_only": ["lr0.006_warmup400"]}
+  stage1_only = configs["stablemoe_cosine_stage1_only"]
+  assert stage1_only.train.stage1_steps == stage1_only.train.steps == 850
+  assert configs["stablemoe_cosine"].train.stage1_steps == 300 and configs["base_fixed"].model.moe.base.fixed_routing
+  assert config.compare.results_dir == "results/tune_h100"  # BASE's and StableMoE's seeds are the sweep's runs

@@ -1,7 +1,9 @@
 """The compared methods: each a name, a label and a set of ``model.*`` config overrides.
 
 Every method trains under the run config's budget (steps, batch, sequence length, data, shared
-layers); a method may only change ``model.*`` keys, so the budget is the same for all.
+layers); a method may only change ``model.*`` keys, so the budget is the same for all, and
+``train.stage1_steps``, which splits that budget between the stages (the value ``"all"``: the whole run is
+stage 1, the paper's "stage 1 only" ablation).
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ def _cosine(router: str, expert_norm: float) -> dict:
   return {"model.moe.router": router, f"{section}.affinity": "cosine", f"{section}.cosine_dim": 16,
           f"{section}.cosine_temperature": 0.5, f"{section}.cosine_expert_norm": expert_norm}
 
+STAGE1_KEY = "train.stage1_steps"  # the one train.* key a method may set: how the budget splits between the stages
+
 # The one table of methods. Keys are config paths, as on the command line (--config.model.moe.router=switch).
 METHODS = {m.name: m for m in [
     Method("stablemoe", "StableMoE", {"model.moe.router": "stablemoe"}),
@@ -58,6 +62,9 @@ METHODS = {m.name: m for m in [
     Method("hash", "Hash Layer", {"model.moe.router": "hash"}),
     Method("base_fixed", "BASE Layer + fixed routing",
            {"model.moe.router": "base", "model.moe.base.fixed_routing": True}),
+    # The paper's Table 5 ablation: StableMoE's routing learned for the whole run, never distilled and frozen.
+    Method("stablemoe_cosine_stage1_only", "StableMoE, all, cosine routing, stage 1 only",
+           {**_cosine("stablemoe", 0.0), "model.moe.stablemoe.balance_scope": "all", "train.stage1_steps": "all"}),
     Method("dense", "dense Transformer (same shared layers)", {"model.moe.enabled": False}),
     Method("dense_deeper", "dense deeper (MoE total params)", {"model.dense_match": "deeper"}),
     Method("dense_wider", "dense wider (MoE total params)", {"model.dense_match": "wider"}),
@@ -82,9 +89,12 @@ def apply_overrides(config: ml_collections.ConfigDict, method: Method) -> ml_col
   """A copy of ``config`` with ``method``'s overrides set; a key the config lacks is a ConfigError."""
   config = ml_collections.ConfigDict(config.to_dict())
   for key, value in method.overrides.items():
+    if key == STAGE1_KEY:
+      config.train.stage1_steps = config.train.steps if value == "all" else int(value)
+      continue
     if not key.startswith("model."):
-      raise ConfigError(f"method {method.name!r} overrides {key}; methods may only change model.* keys, "
-                        f"so that every method trains under the same budget.")
+      raise ConfigError(f"method {method.name!r} overrides {key}; methods may only change model.* keys (and "
+                        f"{STAGE1_KEY}), so that every method trains under the same budget.")
     *parents, leaf = key.split(".")
     node = config
     for depth, part in enumerate(parents):

@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from stablemoe_jax.config_validation import ConfigError
+
 METRICS = ("valid", "test")  # perplexity of each split, as summary.json has it
 
 
@@ -43,33 +45,52 @@ def reading(result: dict) -> str:
   return "not distinguishable"
 
 
-def paired_differences(records: list[dict], baseline: str = "dense") -> dict[str, dict]:
-  """For every method but ``baseline``: per metric, the paired differences (method - baseline) of perplexity over
-  the seeds both have, and their interval.
+def paired_differences(records: list[dict], baseline: str = "dense",
+                       pairs: dict[str, str] | None = None) -> dict[str, dict]:
+  """Per metric, the paired differences (method - its baseline) of perplexity over the seeds both have, and their
+  interval.
 
   Args:
     records: run records (``runner.run_record``): "method", "seed", "summary".
-    baseline: the method every other is paired with.
+    baseline: the method every other is paired with, when ``pairs`` is None.
+    pairs: ``{method: its baseline}`` (an ablation against the method it ablates) instead.
 
   Returns:
-    ``{method: {"seeds": [...], "valid": {"differences", "n", "mean", "low", "high", "reading"}, "test": {...}}}``;
-    {} when the baseline has no run.
+    ``{method: {"baseline", "seeds": [...], "valid": {"differences", "n", "mean", "low", "high", "reading"},
+    "test": {...}}}``; a method whose baseline has no run is left out.
   """
-  base = {r["seed"]: r["summary"] for r in records if r["method"] == baseline}
-  if not base:
-    return {}
-  methods = list(dict.fromkeys(r["method"] for r in records if r["method"] != baseline))
+  by_method: dict[str, dict] = {}
+  for r in records:
+    by_method.setdefault(r["method"], {})[r["seed"]] = r["summary"]
+  if pairs is None:
+    pairs = {method: baseline for method in by_method if method != baseline}
   result = {}
-  for method in methods:
-    runs = {r["seed"]: r["summary"] for r in records if r["method"] == method}
+  for method, against in pairs.items():
+    runs, base = by_method.get(method, {}), by_method.get(against, {})
+    if not base or not runs:
+      continue
     seeds = sorted(set(runs) & set(base))
-    entry = {"seeds": seeds}
+    entry = {"baseline": against, "seeds": seeds}
     for metric in METRICS:
       differences = [runs[s][metric]["perplexity"] - base[s][metric]["perplexity"] for s in seeds]
       stats = interval(differences)
       entry[metric] = {"differences": differences, **stats, "reading": reading(stats)}
     result[method] = entry
   return result
+
+
+def parse_pairs(text: str, methods: list[str]) -> dict[str, str]:
+  """``compare.pairs`` "ABLATION:BASELINE,..." -> {ablation: baseline}; both must be compared methods."""
+  pairs = {}
+  for item in str(text or "").split(","):
+    if not item.strip():
+      continue
+    method, sep, against = (part.strip() for part in item.partition(":"))
+    if not sep or method not in methods or against not in methods:
+      raise ConfigError(f"compare.pairs={text!r}: {item.strip()!r} must be METHOD:BASELINE with both in "
+                       f"compare.methods={methods}, e.g. --config.compare.pairs=base_fixed:base.")
+    pairs[method] = against
+  return pairs
 
 
 def _cell(stats: dict) -> str:
@@ -80,13 +101,14 @@ def _cell(stats: dict) -> str:
   return f"{stats['mean']:+.2f} [{stats['low']:+.2f}, {stats['high']:+.2f}]"
 
 
-def markdown(paired: dict[str, dict], labels: dict[str, str], baseline_label: str = "dense") -> str:
-  """The paired table: per method, seeds, valid and test PPL difference to the baseline with 95% intervals."""
+def markdown(paired: dict[str, dict], labels: dict[str, str]) -> str:
+  """The paired table: per method, its baseline, seeds, valid and test PPL difference with 95% intervals."""
   if not paired:
     return ""
-  lines = [f"| method | paired seeds | valid PPL - {baseline_label} [95% CI] | test PPL - {baseline_label} [95% CI] "
-           f"| test PPL against {baseline_label} |", "|---|---|---|---|---|"]
+  lines = ["| method | against | paired seeds | valid PPL difference [95% CI] | test PPL difference [95% CI] "
+           "| test PPL |", "|---|---|---|---|---|---|"]
   for method, entry in paired.items():
-    lines.append(f"| {labels.get(method, method)} | {', '.join(str(s) for s in entry['seeds']) or '--'} | "
-                 f"{_cell(entry['valid'])} | {_cell(entry['test'])} | {entry['test']['reading']} |")
+    lines.append(f"| {labels.get(method, method)} | {labels.get(entry['baseline'], entry['baseline'])} | "
+                 f"{', '.join(str(s) for s in entry['seeds']) or '--'} | {_cell(entry['valid'])} | "
+                 f"{_cell(entry['test'])} | {entry['test']['reading']} |")
   return "\n".join(lines) + "\n"

@@ -270,14 +270,22 @@ def _health_note(rows: list[dict]) -> str:
   return note
 
 
-def paired_section(records: list[dict], labels: dict[str, str]) -> str:
-  """The paired differences against dense (same seeds), or "" without dense runs."""
-  table = paired.markdown(paired.paired_differences(records), labels)
+def paired_section(records: list[dict], labels: dict[str, str], pairs: dict[str, str] | None = None) -> str:
+  """The paired differences against dense (same seeds), or against each ablation's baseline (``compare.pairs``);
+  "" when no method has its baseline's runs."""
+  table = paired.markdown(paired.paired_differences(records, pairs=pairs), labels)
   if not table:
     return ""
-  return ("## Paired against dense\n\nEach method's run minus dense's run of the same seed (same data order), mean "
-          "over the paired seeds and its 95% Student-t interval; \"lower\" / \"higher\" only where the interval "
-          "excludes 0.\n\n" + table)
+  against = "its baseline" if pairs else "dense"
+  return (f"## Paired against {against}\n\nEach method's run minus {against}'s run of the same seed (same data "
+          "order), mean over the paired seeds and its 95% Student-t interval; \"lower\" / \"higher\" only where "
+          "the interval excludes 0.\n\n" + table)
+
+
+def pairs_of(config) -> dict[str, str] | None:
+  """``compare.pairs`` as {ablation: baseline} (None: pair every method with dense); a bad value is a ConfigError."""
+  methods = [m.strip() for m in str(config.compare.get("methods", "")).split(",") if m.strip()]
+  return paired.parse_pairs(config.compare.get("pairs", ""), methods) or None
 
 
 def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[dict]:
@@ -289,7 +297,7 @@ def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[di
       {"config": json.loads(config.to_json_best_effort()), "methods": rows, "runs": records}, indent=2))
   (workdir / "comparison.md").write_text(
       "# Comparison\n\n" + _budget_note(config, rows) + _devices_note(rows) + "\n" + markdown_table(rows) + "\n"
-      + _health_note(rows) + paired_section(records, {r["method"]: r["label"] for r in rows})
+      + _health_note(rows) + paired_section(records, {r["method"]: r["label"] for r in rows}, pairs_of(config))
       + write_convergence_plot(rows, workdir / "convergence.png")
       + write_fluctuation_plot(rows, workdir / "fluctuation.png"))
   return rows
@@ -301,6 +309,8 @@ def _grid_cell(cell: dict, rejected: dict[str, list]) -> str:
   """``rejected``: {setting name: seeds whose layer died there} of the method's rejected choices."""
   if not cell.get("in_grid", True):
     return "·"
+  if cell["valid_ppl"] is None and cell["status"].startswith("the method's one setting"):
+    return "its setting"
   if cell["valid_ppl"] is None:
     return "--"
   name = cell["setting"]["name"]
@@ -318,6 +328,8 @@ def _rejected(choice: dict | None) -> dict[str, list]:
 def _choice_cell(choice: dict | None) -> str:
   if choice is None:
     return "grid not finished"
+  if choice.get("fixed"):
+    return f"lr {choice['learning_rate']:g}, warmup {choice['warmup_steps']} (its one setting)"
   return f"lr {choice['learning_rate']:g}, warmup {choice['warmup_steps']}" + (
       " (every setting dead)" if choice["every_setting_dead"] else "")
 
@@ -382,7 +394,7 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
           "layer)\n", grid_table(result, labels), rejected_note(result, labels)]
   if rows:
     text += ["## At each method's choice\n", _budget_note(config, rows), _devices_note(rows),
-             markdown_table(rows, SWEEP_COLUMNS), _health_note(rows), paired_section(result["records"], labels),
+             markdown_table(rows, SWEEP_COLUMNS), _health_note(rows), paired_section(result["records"], labels, pairs_of(config)),
              write_token_plot(rows, workdir / "validation_tokens.png"),
              write_convergence_plot(rows, workdir / "convergence.png"),
              write_fluctuation_plot(rows, workdir / "fluctuation.png")]

@@ -57,6 +57,10 @@ class Grid:
     """The settings ``name`` is tuned over: its own grid when ``compare.grid.per_method`` names it, else the shared."""
     return dict(self.per_method).get(name, self.settings)
 
+  def is_fixed(self, name: str) -> bool:
+    """``compare.grid.per_method`` gives ``name`` one setting: no choice to make, so no selection run."""
+    return len(dict(self.per_method).get(name, ())) == 1
+
   @property
   def columns(self) -> tuple[Setting, ...]:
     """Every setting of any method, the shared grid's first: the report's columns."""
@@ -128,7 +132,7 @@ def parse_grid(config: ml_collections.ConfigDict) -> Grid | None:
   rates = _values(section.get("learning_rate", ""), float, "learning_rate")
   warmups = _values(section.get("warmup_steps", ""), int, "warmup_steps")
   extra = _extra_settings(section.get("extra", ""))
-  if not rates and not warmups and not extra:
+  if not rates and not warmups and not extra and not str(section.get("per_method", "") or "").strip():
     return None
   if rates or warmups:  # one list alone varies around the config's own value of the other
     rates = rates or [float(config.train.learning_rate)]
@@ -143,6 +147,11 @@ def parse_grid(config: ml_collections.ConfigDict) -> Grid | None:
                       f"of learning_rate and warmup_steps already has.")
   methods = [m.strip() for m in str(config.compare.get("methods", "")).split(",") if m.strip()]
   per_method = _per_method(section.get("per_method", ""), settings, methods)
+  if not settings:
+    missing = [m for m in methods if m not in dict(per_method)]
+    if missing:
+      raise ConfigError(f"compare.grid has no shared setting and compare.grid.per_method gives none to {missing}; "
+                        f"give them settings there or set compare.grid.learning_rate / warmup_steps.")
   for setting in dict.fromkeys([*settings, *(s for _, own in per_method for s in own)]):
     source = "extra's " if setting in extra else ""  # the key the user wrote the bad value under
     if setting.learning_rate <= 0:
@@ -228,11 +237,20 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
     except ConfigError as error:
       raise ConfigError(f"method {name!r}: {error}") from error
   exported_root = runner.results_dir(config)
-  total = sum(len(grid.for_method(name)) + seeds for name in configs)
+  total = sum((0 if grid.is_fixed(name) else len(grid.for_method(name))) + seeds for name in configs)
   progress = {"done": 0, "total": total}  # run counter of the log's "[k/n]" tags (a rejected choice adds seeds)
   result = {"grid": {}, "choices": {}, "records": [], "selection_steps": grid.steps,
             "settings": [s.as_dict() for s in grid.columns]}
   for name, method_config in configs.items():
+    own = grid.for_method(name)
+    if grid.is_fixed(name):  # one setting is no choice: no selection run, its seeds are the method's reported runs
+      result["grid"][name] = [{"setting": s.as_dict(), "in_grid": s == own[0], "valid_ppl": None, "test_ppl": None,
+                               "alive": None, "dead_layers": [], "status": "the method's one setting: not selected"}
+                              for s in grid.columns]
+      result["choices"][name] = {**own[0].as_dict(), "every_setting_dead": False, "fixed": True, "rejected": []}
+      result["records"] += _seeded_runs(name, method_config, own[0], config, workdir, log, progress, exported_root,
+                                        train, stop_at_dead=False)
+      continue
     cells = []
     for setting in grid.columns:
       if setting not in grid.for_method(name):

@@ -15,7 +15,7 @@ import tqdm
 
 from stablemoe_jax import plan as plan_lib
 from stablemoe_jax import tasks as tasks_lib
-from stablemoe_jax.analysis.contribution import experiment_contributions
+from stablemoe_jax.analysis.contribution import experiment_contributions, layer_contributions
 from stablemoe_jax.analysis.recorder import RoutingRecorder
 from stablemoe_jax.config_validation import check_backend, check_prepared, validate_config
 from stablemoe_jax.models import routers
@@ -77,7 +77,8 @@ class Experiment:
                                                  self.sample_inputs)
     batch_sharding = sharding_lib.batch_sharding(self.mesh)
     self.eval_step = mesh_lib.under_mesh(self.mesh, jax.jit(
-        make_eval_step(self.model, self.task), in_shardings=(self.state_shardings.params, batch_sharding),
+        make_eval_step(self.model, self.task, stage1_only=config.train.stage1_steps >= config.train.steps),
+        in_shardings=(self.state_shardings.params, batch_sharding),
         out_shardings=sharding_lib.replicated(self.mesh)))
 
     self.routing_agreement_step = mesh_lib.under_mesh(
@@ -179,12 +180,12 @@ def _check_finite(loss: float, step: int, last_checkpoint: int | None) -> None:
 
 def _handle_collapses(guard: health_lib.CollapseGuard, collapses: list[health_lib.Collapse],
                       last_checkpoint: int | None, announce: bool = True) -> None:
-  """Acts on layers the guard has just flagged dead: one warning each (stderr), or CollapseError with "stop".
+  """Acts on the guard's new findings: one message each (stderr); a dead layer raises CollapseError with "stop".
 
   ``announce=False`` (verdicts replayed on resumption): the interrupted run has printed them already.
   """
   for collapse in collapses:
-    if guard.settings.on_collapse == "stop":
+    if collapse.dead and guard.settings.on_collapse == "stop":
       raise health_lib.CollapseError(health_lib.stop_message(collapse, last_checkpoint))
     if announce and jax.process_index() == 0:
       tqdm.tqdm.write(collapse.message(), file=sys.stderr)
@@ -266,10 +267,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       if step % train_cfg.eval_every == 0 and step != train_cfg.steps:
         train_seconds = train_seconds + time.time() - mark
         valid = exp.evaluate(state.params, "valid", train_cfg.eval_batches)
+        # What each MoE layer is worth now, on the same batches: the health verdict's contribution rule.
+        worth = {layer: c["relative_perplexity_increase"] for layer, c in layer_contributions(
+            lambda p, n: exp.evaluate(p, "valid", n), state.params, train_cfg.eval_batches, full=valid)["layers"].items()}
         if writer:
           writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"],
+                              **{f"moe/{layer}/contribution": value for layer, value in worth.items()},
                               "train_seconds": train_seconds})
-        progress.write(f"step {step}: valid perplexity {valid['perplexity']:.2f}")
+        progress.write(f"step {step}: valid perplexity {valid['perplexity']:.2f}"
+                       + "".join(f", {layer} worth {value:+.2%}" for layer, value in worth.items()))
+        _handle_collapses(guard, guard.observe_contribution(step, worth), last_checkpoint)
         window_start = mark = time.time()  # tokens/s and train_seconds count training time only
       if stop_at_step is not None and step == stop_at_step:
         return {"stopped_at_step": step}
@@ -291,7 +298,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         "eval": exp.eval_mode(),
         "valid": exp.evaluate(state.params, "valid", exp.final_eval_batches),
         "test": exp.evaluate(state.params, "test", exp.final_eval_batches),
-        "health": {**guard.summary(), "contribution": experiment_contributions(exp, state.params, "valid")},
+        "health": guard.summary(experiment_contributions(exp, state.params, "valid")),
     }
     summary.update(exp.task.final_report(exp, state.params))
     analysis = recorder.finish(state, train_cfg.steps)

@@ -128,13 +128,18 @@ def jit_train_step(model, tx: optax.GradientTransformation, config, mesh: jax.sh
                  out_shardings=(state_shardings, sharding_lib.replicated(mesh)))
 
 
-def make_eval_step(model, task=None) -> Callable[[dict, Batch], dict[str, jax.Array]]:
-  """Eval step with inference routing (distilled router): returns summed NLL and token count."""
+def make_eval_step(model, task=None, stage1_only: bool = False) -> Callable[[dict, Batch], dict[str, jax.Array]]:
+  """Eval step with inference routing: returns summed NLL and token count.
+
+  The inference routing is the distilled router's, except for a run that never leaves stage 1 (``stage1_only``:
+  ``train.stage1_steps >= train.steps``, the paper's "stage 1 only" ablation), which is evaluated as it trained,
+  with its learned routing.
+  """
   task = task or LanguageModelTask()
   head = head_kwargs(model)
 
   def eval_step(params, batch: Batch):
-    logits = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(False), deterministic=True,
+    logits = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(stage1_only), deterministic=True,
                          **head)
     return task.eval_sums(logits, batch)
   return eval_step

@@ -25,6 +25,8 @@ def _plot_validation(rows: list[dict], key: str, x_scale: float, x_label: str, p
   axes.set_xlabel(x_label)
   axes.set_ylabel("validation perplexity (mean over seeds)")
   axes.set_yscale("log")
+  for axis_format in (axes.yaxis.set_major_formatter, axes.yaxis.set_minor_formatter):
+    axis_format("{x:.0f}")  # plain perplexities, not powers of ten
   axes.grid(True, which="both", alpha=0.3)
   axes.legend(fontsize=8)
   figure.tight_layout()

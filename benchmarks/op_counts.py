@@ -20,12 +20,13 @@ def _short(dtype) -> str:
   return _DTYPE_NAMES.get(str(dtype), str(dtype))
 
 
-def jaxpr_counts(closed: jex.ClosedJaxpr) -> dict[str, float]:
+def jaxpr_counts(closed: jex.ClosedJaxpr, vocab_sizes: tuple[int, ...] = ()) -> dict[str, float]:
   """Op counts of a traced step (see the module docstring); keys like ``convert bf16->f32``, ``dot f32xf32->f32``.
 
   ``f32 bytes written``: the bytes of every float32 value an equation produces (a scan's body once per iteration;
   a call's outputs counted inside it), before XLA fuses any; ``f32 largest tensor elements`` / ``... shape``: the
-  largest of them (the LM's [tokens, vocabulary] logits, unless the loss is chunked).
+  largest of them (the LM's [tokens, vocabulary] logits, unless the loss is chunked); ``f32 [..., V] values``: how
+  many float32 values whose last dimension is one of ``vocab_sizes`` have each shape (``f32 [2x1024x50257]``).
   """
   counts: collections.Counter = collections.Counter()
   largest: list = [0, ()]
@@ -42,6 +43,8 @@ def jaxpr_counts(closed: jex.ClosedJaxpr) -> dict[str, float]:
             counts["f32 bytes written"] += times * 4 * size
             if size > largest[0]:
               largest[:] = [size, tuple(aval.shape)]
+            if len(aval.shape) > 1 and aval.shape[-1] in vocab_sizes:
+              counts[f"f32 [{'x'.join(map(str, aval.shape))}]"] += times
       if name == "convert_element_type":
         aval_in, aval_out = eqn.invars[0].aval, eqn.outvars[0].aval
         key = f"convert {_short(aval_in.dtype)}->{_short(aval_out.dtype)}"

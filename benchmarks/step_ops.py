@@ -77,12 +77,13 @@ def step_rows(base: ml_collections.ConfigDict, cases: list[Case] = (), *, compil
     _, case_mesh, step, state, batch = project_step(base, case.overrides, vocab_size)
     steps.append((case.name, step, state, batch, case_mesh))
   rows = []
+  vocab_sizes = (config.model.vocab_size, -(-config.model.vocab_size // 128) * 128)  # as it is, padded to 128
   for name, step, state, batch, context in steps:
     with jax.set_mesh(context) if context is not None else contextlib.nullcontext():
       traced = step.trace(state, batch)
       row = {"step": name, "device_kind": jax.devices()[0].device_kind, "dtype": config.model.dtype,
              "batch_size": config.train.batch_size, "seq_len": config.train.seq_len,
-             "jaxpr": jaxpr_counts(traced.jaxpr)}
+             "jaxpr": jaxpr_counts(traced.jaxpr, vocab_sizes)}
       if compiled:
         executable = traced.lower().compile()
         row["hlo"] = hlo_counts(executable.as_text())

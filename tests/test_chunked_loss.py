@@ -178,6 +178,20 @@ def _lm_batch(rows=4, seq=16, vocab=50, seed=1):
   return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights}
 
 
+def _assert_the_same_training_and_evaluation(model, on_model, task, params, on_params, batch, chunk, vocab):
+  """``on_model`` (keys on; ``on_params``: ``params`` padded) against ``model`` (keys off): loss, gradients, sums."""
+  ref_loss, ref_grads = _loss_and_grads(model, task, params, batch, chunked=False)
+  loss, grads = _loss_and_grads(on_model, task, on_params, batch, chunked=chunk > 0)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  assert not np.any(grads["embed"]["embedding"][vocab:])
+  grads["embed"]["embedding"] = grads["embed"]["embedding"][:vocab]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads, ref_grads)
+  ref_sums = jax.jit(make_eval_step(model, task))(params, batch)
+  sums = jax.jit(make_eval_step(on_model, task))(on_params, batch)
+  np.testing.assert_allclose(sums["nll_sum"], ref_sums["nll_sum"], rtol=1e-6)
+  assert float(sums["tokens"]) == float(ref_sums["tokens"]) == batch["weights"].sum()
+
+
 def _loss_and_grads(model, task, params, batch, chunked):
   kwargs = {"head_inputs": True} if chunked else {}
 
@@ -202,19 +216,10 @@ def test_lm_loss_gradients_and_eval_sums_with_the_keys_on(chunk, multiple):
   config, model = _lm_setup()
   params = conftest.jit_init(model, 0, jnp.zeros((1, 16), jnp.int32), jnp.array(True))["params"]
   batch, task = _lm_batch(), LanguageModelTask()
-  ref_loss, ref_grads = _loss_and_grads(model, task, params, batch, chunked=False)
+  assert batch["weights"].sum() == 4 * 16 - 7
   on_config, on_model = _lm_setup(multiple, chunk)
   on_params = _pad_params(params, padded_vocab_size(on_config.model)) if multiple else params
-  loss, grads = _loss_and_grads(on_model, task, on_params, batch, chunked=chunk > 0)
-  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
-  if multiple:
-    assert not np.any(grads["embed"]["embedding"][50:])
-    grads["embed"]["embedding"] = grads["embed"]["embedding"][:50]
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads, ref_grads)
-  ref_sums = jax.jit(make_eval_step(model, task))(params, batch)
-  sums = jax.jit(make_eval_step(on_model, task))(on_params, batch)
-  np.testing.assert_allclose(sums["nll_sum"], ref_sums["nll_sum"], rtol=1e-6)
-  assert float(sums["tokens"]) == float(ref_sums["tokens"]) == 4 * 16 - 7
+  _assert_the_same_training_and_evaluation(model, on_model, task, params, on_params, batch, chunk, 50)
   if multiple:  # the logits the models return (analysis, decoding) have V columns; argmax is never a padded id
     logits = on_model.apply({"params": on_params}, batch["inputs"], jnp.array(False))
     assert logits.shape[-1] == 50 and int(jnp.argmax(logits, -1).max()) < 50
@@ -241,22 +246,11 @@ def test_translation_smoothed_loss_gradients_and_eval_sums_with_the_keys_on(chun
   model, task = TransformerSeq2Seq(config.model), TranslationTask(config)
   row = jnp.zeros((1, 12), jnp.int32)
   params = conftest.jit_init(model, 0, row, row, jnp.array(True))["params"]
-  batch = _mt_batch()
-  ref_loss, ref_grads = _loss_and_grads(model, task, params, batch, chunked=False)
   on_config = ml_collections.ConfigDict(config.model.to_dict())  # the reference model keeps its own
   on_config.loss_chunk_tokens, on_config.vocab_multiple = chunk, multiple
   on_model = TransformerSeq2Seq(on_config)
   on_params = _pad_params(params, padded_vocab_size(on_config)) if multiple else params
-  loss, grads = _loss_and_grads(on_model, task, on_params, batch, chunked=chunk > 0)
-  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
-  if multiple:
-    assert not np.any(grads["embed"]["embedding"][40:])
-    grads["embed"]["embedding"] = grads["embed"]["embedding"][:40]
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads, ref_grads)
-  ref_sums = jax.jit(make_eval_step(model, task))(params, batch)
-  sums = jax.jit(make_eval_step(on_model, task))(on_params, batch)
-  np.testing.assert_allclose(sums["nll_sum"], ref_sums["nll_sum"], rtol=1e-6)
-  assert float(sums["tokens"]) == float(ref_sums["tokens"]) == batch["weights"].sum()
+  _assert_the_same_training_and_evaluation(model, on_model, task, params, on_params, _mt_batch(), chunk, 40)
 
 
 @pytest.mark.slow  # ~22 s on the shared cores: greedy and beam compiled

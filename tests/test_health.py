@@ -540,3 +540,20 @@ def test_stop_on_collapse_exits_with_status_2_from_the_command_line(ptb_dir, sha
   assert result.returncode == 2, result.stderr
   assert "error: ROUTER HEALTH: MoE layer moe_0" in result.stderr and "Traceback" not in result.stderr
   assert "health.on_collapse='stop'" in result.stderr and not (tmp_path / "summary.json").exists()
+
+
+def test_no_committed_run_whose_layer_is_worth_3_percent_is_dead():
+  """Every committed run of the tuned sweep (results/tune_h100), judged as the comparison judges it: none whose
+  layer costs >= 3% when removed is dead (the old gate rule flagged 5 such runs), and the 0.0-0.5% layers are."""
+  import json, pathlib  # pylint: disable=import-outside-toplevel,multiple-imports
+  root = pathlib.Path(__file__).resolve().parents[1] / "results" / "tune_h100"
+  judged = []
+  for path in sorted(root.glob("*/*/seed*/summary.json")):
+    summary = json.loads(path.read_text())
+    layers = ((summary.get("health") or {}).get("contribution") or {}).get("layers") or {}
+    if layers:
+      worth = min(v["relative_perplexity_increase"] for v in layers.values())
+      judged.append((worth, health.judge_summary(summary, read_metrics(path.parent))["ok"]))
+  assert len(judged) >= 80
+  assert all(alive for worth, alive in judged if worth >= 0.03)
+  assert not any(alive for worth, alive in judged if worth < 0.005)

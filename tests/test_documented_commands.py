@@ -93,6 +93,8 @@ NOT_RUN = {
     "configs/tune_cpu.py": "the tuned sweep (87 runs); tests/test_sweep.py runs a tiny one",
     "configs/compare_cpu.py": "7-8 methods x seeds; tests/test_compare.py runs the comparison",
     "configs/compare_mt_cpu.py": "7 translation methods; tests/test_translation_compare.py runs the comparison",
+    "configs/ablate_cpu.py": "the paper's Table 5 ablations, 3 seeds each (hours); tests/test_compare.py runs the "
+                             "comparison",
 }
 PROGRAMS_WITH_CONFIG = ("stablemoe_jax.main", "stablemoe_jax.compare", "stablemoe_jax.compare.probe",
                         "stablemoe_jax.data.prepare", "benchmarks.router_geometry", "benchmarks.throughput",

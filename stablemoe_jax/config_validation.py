@@ -68,13 +68,14 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
   model_checks.check_model(config, data_vocab_size)
   health_lib.check_config(config)
   analysis_checks.check_config(config)
+  if device_count is not None:  # the layout before the groups' own checks: a resolved G names the devices it fits
+    model_checks.check_devices(config, device_count)
   model_checks.check_moe(config)
   if task == "translation":
     # Imported here: importing the translation task loads its input pipeline.
     from stablemoe_jax.tasks import translation as translation_task
     translation_task.check_config(config)
   if device_count is not None:
-    model_checks.check_devices(config, device_count)
     analysis_checks.check_devices(config, device_count)
 
 

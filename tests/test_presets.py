@@ -24,6 +24,7 @@ EXPECTED = {
     "default": (1, 8, BATCH_16),
     "tune_cpu": (1, 8, BATCH_16),
     "compare_cpu": (1, 8, BATCH_16),
+    "ablate_cpu": (1, 8, BATCH_16),
     "lm_files": (1, 8, BATCH_16),
     "lm_base": (64, 64, 64),
     "lm_files:lm_base": (64, 64, 64),

@@ -139,8 +139,8 @@ def _check_routers(config) -> None:
     require(distilled.kind != "transformer" or distilled.dim % distilled.num_heads == 0,
             f"model.moe.distilled_router.dim={distilled.dim} must be divisible by "
             f"model.moe.distilled_router.num_heads={distilled.num_heads}.")
-  if moe.router == "base" and moe.get("num_groups", 1) != 0:  # 0: checked once resolved at launch
-    groups = int(moe.get("num_groups", 1))
+  if moe.router == "base":
+    groups = int(moe.get("num_groups", 1) or 1)  # 0 (one group per device): 1 here, the number once resolved
     tokens = train.batch_size // train.microbatches * train.seq_len
     require(tokens % (groups * moe.num_experts) == 0,
             f"router 'base' gives every expert exactly 1/N of a routing group, but a step's {tokens} tokens "

@@ -77,15 +77,27 @@ class HeadInputs:
 
 
 def _in_chunks(head: HeadInputs, *per_token: jax.Array) -> tuple[int, jax.Array, tuple[jax.Array, ...]]:
-  """(tokens, hidden [n, C, d], each of ``per_token`` [n, C]): the tokens cut into n chunks of C, the last padded
-  with zeros (a padded token's hidden state is 0, its target 0 and its weight 0)."""
-  d = head.hidden.shape[-1]
-  x = head.hidden.reshape(-1, d)
-  tokens = x.shape[0]
-  chunk = max(1, min(head.chunk_tokens, tokens))
-  pad = -tokens % chunk
-  rows = lambda a: jnp.pad(a.reshape(-1), (0, pad)).reshape(-1, chunk)
-  return tokens, jnp.pad(x, ((0, pad), (0, 0))).reshape(-1, chunk, d), tuple(rows(a) for a in per_token)
+  """(S, hidden [n, B, P, d], each of ``per_token`` [n, B, P]): hidden [B, S, d] (any leading shape: its last axis
+  is S, the rest B) cut along S into n chunks of P positions of every row, B * P ~ ``chunk_tokens`` (P >= 1), the last
+  padded with zeros (a padded token's hidden state, target and weight are 0). Every chunk keeps the rows' axis, so
+  a batch split over devices stays split: each device computes its own rows of every chunk."""
+  lead, d = head.hidden.shape[:-1], head.hidden.shape[-1]
+  length = lead[-1] if lead else 1
+  rows = head.hidden.size // d // length
+  positions = max(1, min(length, head.chunk_tokens // rows))
+  pad = -length % positions
+
+  def split(a: jax.Array) -> jax.Array:  # [B, S, ...] -> [n, B, P, ...]
+    a = jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
+    return jnp.moveaxis(a.reshape(rows, -1, positions, *a.shape[2:]), 1, 0)
+  return length, split(head.hidden.reshape(rows, length, d)), tuple(split(a.reshape(rows, length)) for a in per_token)
+
+
+def _unsplit(chunks: jax.Array, length: int, shape: tuple[int, ...]) -> jax.Array:
+  """[n, B, P, ...] chunks of :func:`_in_chunks` -> ``shape`` (the first ``length`` positions of every row)."""
+  rows = chunks.shape[1]
+  whole = jnp.moveaxis(chunks, 0, 1).reshape(rows, -1, *chunks.shape[3:])
+  return whole[:, :length].reshape(shape)
 
 
 def _chunk_loss(x_chunk: jax.Array, embedding: jax.Array, t_chunk: jax.Array, vocab: int, smoothing: float
@@ -112,21 +124,24 @@ def chunked_nll(head: HeadInputs, targets: jax.Array, smoothing: float = 0.0) ->
 
   Against ``(1 - smoothing) * one_hot + smoothing / V`` over the V real ids (``smoothing`` 0: the plain NLL):
   ``lse - (1 - smoothing) z_target - smoothing * mean_v z_v``, which is ``optax.softmax_cross_entropy`` of the
-  smoothed labels. The tokens are cut into chunks of ``head.chunk_tokens`` (the last zero-padded); each chunk's
-  logits [chunk, Vp] are computed in the compute dtype, cast to float32 and reduced inside ``jax.checkpoint``, so
+  smoothed labels. The tokens are cut into chunks of about ``head.chunk_tokens`` (:func:`_in_chunks`: the same
+  positions of every row); each chunk's logits [chunk, Vp] are computed in the compute dtype, cast to float32 and reduced inside ``jax.checkpoint``, so
   a backward keeps only the chunks' hidden states and recomputes each chunk's logits (one more head matmul;
   training uses :func:`chunked_mean_loss`, which does not). The embedding's gradient is summed over the chunks in
   float32 (the float32 embedding is what the scan closes over; each chunk casts it).
   """
-  tokens, xs, (ts,) = _in_chunks(head, targets)
+  length, xs, (ts,) = _in_chunks(head, targets)
   embedding, vocab = head.embedding, head.vocab_size
 
   @jax.checkpoint
   def one_chunk(x_chunk: jax.Array, t_chunk: jax.Array) -> jax.Array:
-    return _chunk_loss(x_chunk, embedding.astype(x_chunk.dtype), t_chunk, vocab, smoothing)[0]
+    """x_chunk [B, P, d], t_chunk [B, P] -> [B, P]."""
+    flat = x_chunk.reshape(-1, x_chunk.shape[-1])
+    return _chunk_loss(flat, embedding.astype(flat.dtype), t_chunk.reshape(-1), vocab, smoothing)[0].reshape(
+        t_chunk.shape)
 
   per_token = jax.lax.map(lambda pair: one_chunk(*pair), (xs, ts))
-  return per_token.reshape(-1)[:tokens].reshape(targets.shape)
+  return _unsplit(per_token, length, targets.shape)
 
 
 def chunked_mean_loss(head: HeadInputs, targets: jax.Array, weights: jax.Array, smoothing: float = 0.0
@@ -146,13 +161,13 @@ def chunked_mean_loss(head: HeadInputs, targets: jax.Array, weights: jax.Array, 
 
   def forward(hidden, embedding, targets, weights):
     inputs = HeadInputs(hidden, embedding, vocab, chunk)
-    tokens, xs, (ts, ws) = _in_chunks(inputs, targets, weights.astype(jnp.float32))
+    length, xs, (ts, ws) = _in_chunks(inputs, targets, weights.astype(jnp.float32))
     norm = jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1.0)
     compute = embedding.astype(hidden.dtype)
 
     def one_chunk(carry, chunk_inputs):
       loss_sum, d_embedding = carry
-      x_chunk, t_chunk, w_chunk = chunk_inputs
+      x_chunk, t_chunk, w_chunk = (a.reshape(-1, *a.shape[2:]) for a in chunk_inputs)  # [B * P, ...]
       nll, logits, lse, real = _chunk_loss(x_chunk, compute, t_chunk, vocab, smoothing)
       scale = w_chunk / norm  # [C]
       dz = jnp.exp(logits - lse[:, None]) * scale[:, None]  # softmax (0 at padded ids), minus the labels:
@@ -161,11 +176,11 @@ def chunked_mean_loss(head: HeadInputs, targets: jax.Array, weights: jax.Array, 
       dz = dz.at[jnp.arange(dz.shape[0]), t_chunk].add(-(1.0 - smoothing) * scale).astype(hidden.dtype)
       d_x = jnp.dot(dz, compute)
       d_embedding = d_embedding + jnp.dot(dz.T, x_chunk, preferred_element_type=jnp.float32)
-      return (loss_sum + jnp.sum(nll * w_chunk), d_embedding), d_x
+      return (loss_sum + jnp.sum(nll * w_chunk), d_embedding), d_x.reshape(chunk_inputs[0].shape)
 
     start = (jnp.zeros((), jnp.float32), jnp.zeros(embedding.shape, jnp.float32))
     (loss_sum, d_embedding), d_xs = jax.lax.scan(one_chunk, start, (xs, ts, ws))
-    d_hidden = d_xs.reshape(-1, hidden.shape[-1])[:tokens].reshape(hidden.shape)
+    d_hidden = _unsplit(d_xs, length, hidden.shape)
     return loss_sum / norm, (d_hidden, d_embedding.astype(embedding.dtype))
 
   def backward(residuals, g):

@@ -267,3 +267,16 @@ def test_greedy_and_beam_decoding_never_emit_a_padded_id():
   for beam in (1, 2):
     tokens, _ = make_translate_fn(config.model, beam, 8)(params, source)
     assert int(np.max(tokens)) < 40
+
+
+def test_flops_count_the_padded_head():
+  """flops.py reads the embedding's shape: the padded head computes (and is counted as) 2 Vp d a token."""
+  from stablemoe_jax import flops
+  shapes = {}
+  for multiple in (0, 128):
+    _, model = _lm_setup(multiple, vocab=1000)
+    shapes[multiple] = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32),
+                                                         jnp.array(True)))["params"]
+  assert shapes[128]["embed"]["embedding"].shape == (1024, 32)
+  extra = flops.forward_flops_per_token(shapes[128], 16) - flops.forward_flops_per_token(shapes[0], 16)
+  assert extra == 2 * (1024 - 1000) * 32

@@ -15,8 +15,9 @@ Target tokens = the batch's scored target positions (`weights`, eos included).
 `--batch_config` takes the batch shapes (batch size, length, buckets, seed, temperature) from another config than
 the data's, e.g. configs/mt_paper.py's 2,048 x 256 positions in 3 buckets (8,192 rows of 64 at the shortest) over
 mt_cpu's prepared pairs. `--row_batches N` (default 10) then times `make_rows` on N drawn batches a reader against
-the per-row loop it replaced (`tests/test_mt_rows.py`'s reference, same picks, batches checked equal) and the whole
-iterator (draw + make_rows) in rows/s, against the rows/s a GPU step needs at the shortest bucket:
+the per-row loop it replaced (tests/test_mt_rows.py's reference, same picks, batches checked equal), and the whole
+iterator (draw + make_rows) against the per-row draw and loop, in rows/s, against the rows/s a GPU step needs at the
+shortest bucket:
 `--gpu_tokens_per_s` (default 339,200: dense lm_base on one H100, docs/speed.md) / that bucket's length.
 """
 from __future__ import annotations
@@ -67,8 +68,8 @@ def time_round(sets, config, batches: int) -> tuple[float, int, list]:
   return time.perf_counter() - started, tokens, first
 
 
-def _loop_make_rows():
-  """The per-row ``make_rows`` of before issue 40, kept as the reference in tests/test_mt_rows.py."""
+def _loop_reference():
+  """The per-row ``make_rows`` and ``MixedPairIterator.draw`` of before issue 40, kept in tests/test_mt_rows.py."""
   import importlib.util
   import sys
   tests = pathlib.Path(__file__).resolve().parents[1] / 'tests'
@@ -76,7 +77,7 @@ def _loop_make_rows():
   spec = importlib.util.spec_from_file_location('mt_rows_reference', tests / 'test_mt_rows.py')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.loop_make_rows
+  return module.loop_make_rows, module.loop_draw
 
 
 def _best(fn, calls: list[tuple], rounds: int) -> float:
@@ -91,6 +92,11 @@ def _best(fn, calls: list[tuple], rounds: int) -> float:
   return min(times)
 
 
+def _sized(draw: tuple[list, int]) -> tuple[list, int, int]:
+  picks, length = draw
+  return picks, len(picks), length
+
+
 def time_make_rows(sets, config, batches: int, rounds: int, gpu_tokens_per_s: float) -> dict:
   """make_rows (NumPy, on the iterator's `Picks`; also on (set, index) pairs, as evaluation calls it) against the
   per-row loop (on the pairs the old draw built) on the same `batches` drawn batches; the whole iterator's rows/s."""
@@ -101,7 +107,7 @@ def time_make_rows(sets, config, batches: int, rounds: int, gpu_tokens_per_s: fl
   it = make()
   draws = [it.draw() for _ in range(batches)]
   rows = sum(len(picks) for picks, _ in draws)
-  loop = _loop_make_rows()
+  loop, loop_draw = _loop_reference()
   for picks, length in draws:
     new, old = data_lib.make_rows(picks, len(picks), length), loop(picks.pairs(), len(picks), length)
     for key in old:
@@ -113,11 +119,15 @@ def time_make_rows(sets, config, batches: int, rounds: int, gpu_tokens_per_s: fl
   batch_numbers = [(k,) for k in range(batches)]  # the drawn batches again
   draw_s = _best(lambda k: it.set_state({'batches': k}) or it.draw(), batch_numbers, rounds)
   iterator_s = _best(lambda k: it.set_state({'batches': k}) or next(it), batch_numbers, rounds)
+  loop_iterator_s = _best(lambda k: it.set_state({'batches': k}) or loop(*_sized(loop_draw(it))), batch_numbers,
+                          rounds)
   needed = gpu_tokens_per_s / buckets[0]  # rows/s at the shortest bucket, the most rows per position
   return {'rows': rows, 'make_rows_numpy_rows_per_s': round(rows / numpy_s),
           'make_rows_loop_rows_per_s': round(rows / loop_s), 'make_rows_speedup': round(loop_s / numpy_s, 1),
           'make_rows_numpy_from_pairs_rows_per_s': round(rows / from_pairs_s),
           'draw_rows_per_s': round(rows / draw_s), 'iterator_rows_per_s': round(rows / iterator_s),
+          'loop_iterator_rows_per_s': round(rows / loop_iterator_s),
+          'iterator_speedup': round(loop_iterator_s / iterator_s, 1),
           'gpu_tokens_per_s': gpu_tokens_per_s, 'shortest_bucket': buckets[0],
           'needed_rows_per_s': round(needed), 'iterator_over_needed': round(rows / iterator_s / needed, 1)}
 

@@ -5,7 +5,8 @@ ReLU, gates -- is left out, as in the papers' counts). Read off the parameter sh
 built from these modules is covered (dense, deeper, wider, any router):
 
 * every ``kernel`` (Dense, DenseGeneral, convolutions applied once per token): ``2 * size``;
-* the tied token embedding (``embed/embedding``) as the LM head: ``2 * V * d`` (the lookup is free);
+* the tied token embedding (``embed/embedding``) as the LM head: ``2 * V * d`` (the lookup is free; V its rows,
+  so a vocabulary padded by ``model.vocab_multiple`` counts the padded columns the head computes);
   a distilled router's embedding is a lookup: 0;
 * router ``centroids`` [N, d]: ``2 * N * d`` (every expert's score is computed);
 * expert weights ``w_in`` [E, s, d, f] and ``w_out`` [E, s, f, d]: ``2 * size / E * capacity_factor``

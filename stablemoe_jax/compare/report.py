@@ -9,6 +9,7 @@ from typing import Callable
 import numpy as np
 
 from stablemoe_jax.compare import paired
+from stablemoe_jax.train import health as health_lib
 from stablemoe_jax.compare.figures import (device_counts, write_convergence_plot, write_fluctuation_plot,
                                           write_token_plot)
 
@@ -59,7 +60,7 @@ def _run_health(summary: dict) -> dict | None:
   if layers:
     result.update({name: worst(v[name] for v in layers.values()) for name, worst in _WORST.items()})
   if contributions:
-    result["contribution"] = min(c["relative_perplexity_increase"] for c in contributions.values())
+    result["contribution"] = health_lib.least_contribution(health)
   return result
 
 

@@ -43,20 +43,15 @@ def model_costs(config: ml_collections.ConfigDict, directory: pathlib.Path) -> d
           "flops_per_token": flops_lib.forward_flops_per_token(params, exp.config.train.seq_len)}
 
 
-def token_curve(directory: pathlib.Path, summary: dict, tokens_per_step: int) -> list[list[float]]:
-  """[[training tokens, valid perplexity], ...] at every in-training validation, then the final one."""
-  curve = [[r["step"] * tokens_per_step, r["valid/perplexity"]] for r in read_metrics(directory)
-           if "valid/perplexity" in r]
-  curve.append([summary["steps"] * tokens_per_step, summary["valid"]["perplexity"]])
-  return curve
-
-
-def validation_curve(directory: pathlib.Path, summary: dict) -> list[list[float]]:
-  """[[training seconds, valid perplexity], ...] at every in-training validation, then the final one."""
-  curve = [[r["train_seconds"], r["valid/perplexity"]] for r in read_metrics(directory)
-           if "valid/perplexity" in r and "train_seconds" in r]
-  curve.append([summary["train_seconds"], summary["valid"]["perplexity"]])
-  return curve
+def validation_curves(directory: pathlib.Path, summary: dict, tokens_per_step: int) -> dict[str, list[list[float]]]:
+  """One read of the run's metrics.jsonl: at every in-training validation, then the final one, ``"curve"``
+  [[training seconds, valid perplexity], ...] and ``"token_curve"`` [[training tokens, valid perplexity], ...]."""
+  valid = [r for r in read_metrics(directory) if "valid/perplexity" in r]
+  final = summary["valid"]["perplexity"]
+  return {"curve": [[r["train_seconds"], r["valid/perplexity"]] for r in valid if "train_seconds" in r]
+                   + [[summary["train_seconds"], final]],
+          "token_curve": [[r["step"] * tokens_per_step, r["valid/perplexity"]] for r in valid]
+                         + [[summary["steps"] * tokens_per_step, final]]}
 
 
 def routing_fluctuation(directory: pathlib.Path) -> dict | None:
@@ -172,9 +167,8 @@ def run_record(name: str, run_config: ml_collections.ConfigDict, seed_index: int
   shares = json.loads(saved.read_text()) if saved.exists() else routing_fluctuation(source)
   return {"method": name, "label": METHODS[name].label, "seed_index": seed_index, "seed": run_config.seed,
           "overrides": METHODS[name].overrides, "workdir": str(source), "summary": summary,
-          "curve": validation_curve(source, summary), "fluctuation": shares,
-          "token_curve": token_curve(source, summary, run_config.train.batch_size * run_config.train.seq_len),
-          **costs}
+          "fluctuation": shares,
+          **validation_curves(source, summary, run_config.train.batch_size * run_config.train.seq_len), **costs}
 
 
 def log_result(log, tag: str, status: str, summary: dict) -> None:

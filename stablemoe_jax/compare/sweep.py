@@ -32,6 +32,7 @@ import ml_collections
 from stablemoe_jax.compare import runner
 from stablemoe_jax.compare.methods import method_configs
 from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.train import health as health_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,13 +192,6 @@ def is_alive(summary: dict) -> bool:
   return not health.get("dead_layers")
 
 
-def least_contribution(summary: dict) -> float | None:
-  """The smallest relative valid-PPL increase when one MoE layer is removed (None: a dense model)."""
-  layers = ((summary.get("health") or {}).get("contribution") or {}).get("layers") or {}
-  values = [c["relative_perplexity_increase"] for c in layers.values()]
-  return min(values) if values else None
-
-
 def choose(cells: list[dict], rejected: tuple[str, ...] = ()) -> dict | None:
   """The finished grid cell with the lowest valid perplexity among the live ones whose setting is not in
   ``rejected`` (names of choices a seed died at); else the lowest of all, marked ``every_setting_dead``."""
@@ -267,7 +261,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
         runner.log_result(log, tag, status, summary)
         cell.update(valid_ppl=summary["valid"]["perplexity"], test_ppl=summary["test"]["perplexity"],
                     alive=is_alive(summary), dead_layers=(summary.get("health") or {}).get("dead_layers", []),
-                    contribution=least_contribution(summary), workdir=str(source), status=status)
+                    contribution=health_lib.least_contribution(summary.get("health") or {}),
+                    workdir=str(source), status=status)
       cells.append(cell)
     result["grid"][name] = cells
     rejected: list[dict] = []

@@ -295,6 +295,13 @@ def verdict(health: dict, min_contribution: float = DEFAULTS["min_contribution"]
   return {"ok": not dead, "dead_layers": dead, "verdict": judged}
 
 
+def least_contribution(health: dict) -> float | None:
+  """The smallest relative valid-PPL increase when one MoE layer is removed, of a ``health`` section (None: no
+  MoE layer, or none measured)."""
+  layers = (health.get("contribution") or {}).get("layers") or {}
+  return min((c["relative_perplexity_increase"] for c in layers.values()), default=None)
+
+
 def judge_summary(summary: dict, metrics_records: list[dict] | None = None) -> dict:
   """:func:`verdict` of any run's summary.json (one rule for every run, those written before this rule too), at the
   thresholds the run recorded (``health.guard``), else the defaults; the last window's load comes from

@@ -18,11 +18,11 @@ import jax.numpy as jnp
 
 from benchmarks.moe_layer import time_fn
 from configs import default
+from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state
-from stablemoe_jax.train.step import make_train_step
 
 
 def train_step_seconds(router: str, tokens: int, experts: int, batch: int, repeats: int) -> float:

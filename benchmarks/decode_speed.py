@@ -72,7 +72,7 @@ def model_and_data(args):
     sample = jnp.zeros((1, config.model.max_len), jnp.int32)
     params = TransformerSeq2Seq(config.model).init(jax.random.key(args.seed), sample, sample, jnp.array(True))
     return config, params["params"], data, None
-  from stablemoe_jax.train import loop
+  from stablemoe_jax.experiment import loop
   config = load_config(args.config) if args.config else ml_collections.ConfigDict(
       json.loads((workdir / "config.json").read_text()))
   exp = loop.Experiment(config, workdir)

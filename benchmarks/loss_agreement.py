@@ -28,13 +28,13 @@ import ml_collections
 import numpy as np
 
 from benchmarks.throughput import Case, apply_overrides, parse_cases
-from stablemoe_jax.config_validation import ConfigError, check_backend, validate_config
+from stablemoe_jax.experiment.config_validation import ConfigError, check_backend, validate_config
+from stablemoe_jax.experiment.step import jit_train_step
 from stablemoe_jax.models import dispatch as dispatch_lib
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
-from stablemoe_jax.train.step import jit_train_step
 
 SYNTHETIC_VOCAB = 1000
 SUCCESSORS = 4  # each token of the synthetic language is followed by one of 4 tokens: ~1.4 nats at best

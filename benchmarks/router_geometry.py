@@ -26,9 +26,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from stablemoe_jax.cli import run_app
+from stablemoe_jax.experiment.loop import Experiment
 from stablemoe_jax.models import routers
 from stablemoe_jax.parallel import mesh as mesh_lib
-from stablemoe_jax.train.loop import Experiment
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the corpus is prepared (a run's workdir can be reused).")

@@ -31,12 +31,12 @@ from benchmarks import reference_gpt2
 from benchmarks.op_counts import hlo_counts, jaxpr_counts
 from benchmarks.throughput import (DENSE_OVERRIDES, DEFAULT_VOCAB_SIZE, Case, _compiled_bytes, case_config,
                                    parse_cases, synthetic_batch)
-from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.experiment.config_validation import ConfigError
+from stablemoe_jax.experiment.step import jit_train_step
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
-from stablemoe_jax.train.step import jit_train_step
 
 def _xla_flops(compiled) -> float | None:
   try:

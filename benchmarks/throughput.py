@@ -35,15 +35,15 @@ import numpy as np
 from benchmarks import reference_gpt2
 from benchmarks.op_counts import hlo_counts
 from benchmarks.trace_summary import profile_steps
-from stablemoe_jax import flops as flops_lib
-from stablemoe_jax.config_validation import ConfigError, check_backend, validate_config
+from stablemoe_jax.experiment.config_validation import ConfigError, check_backend, validate_config
+from stablemoe_jax.experiment.step import jit_train_step
 from stablemoe_jax.models import dispatch as dispatch_lib
+from stablemoe_jax.models import flops as flops_lib
 from stablemoe_jax.models import routers
 from stablemoe_jax.models.transformer import TransformerLM, attention_implementation, has_moe_layers
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
-from stablemoe_jax.train.step import jit_train_step
 
 DEFAULT_VOCAB_SIZE = 50_257  # GPT-2 BPE, the paper's vocabulary; used when model.vocab_size is 0
 DENSE = "dense"

@@ -7,7 +7,7 @@ from typing import Callable
 from absl import app, flags
 
 from stablemoe_jax.core.errors import ConfigError, DataError, DataNotFoundError
-from stablemoe_jax.train import loop
+from stablemoe_jax.experiment import loop
 from stablemoe_jax.train.checkpoint import CheckpointMismatchError
 from stablemoe_jax.train.health import CollapseError
 

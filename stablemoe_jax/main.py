@@ -14,11 +14,11 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from stablemoe_jax import cli
-from stablemoe_jax import config_validation
-from stablemoe_jax import plan as plan_lib
 from stablemoe_jax.commands import analyze as analysis_command
 from stablemoe_jax.commands import translate as translate_command
-from stablemoe_jax.train import loop
+from stablemoe_jax.experiment import config_validation
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment import plan as plan_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, tokenizer and data.")

@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from configs import default
+from stablemoe_jax.experiment.step import make_eval_step, make_train_step, step_rngs, token_nll
 from stablemoe_jax.models import dispatch
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.models.transformer import TransformerLM
@@ -27,7 +28,6 @@ from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
-from stablemoe_jax.train.step import make_eval_step, make_train_step, step_rngs, token_nll
 
 LAYOUTS = {"one_device": (1, 1), "expert4": (4, 4), "data2_expert2": (4, 2)}  # name -> (devices, mesh.expert)
 EXPERTS, GROUPS, MOE_LAYERS = 8, 4, 3

@@ -13,13 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import mt_cpu
+from stablemoe_jax.experiment.step import make_train_step, step_rngs
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.tasks import make_task
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
-from stablemoe_jax.train.step import make_train_step, step_rngs
 
 LAYOUTS = {"one_device": (1, 1), "expert2": (2, 2)}  # name -> (devices, mesh.expert)
 ROWS, LEN, VOCAB = 8, 16, 40

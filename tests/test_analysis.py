@@ -13,8 +13,8 @@ from conftest import REPO, share_prepared_ptb
 
 from stablemoe_jax.analysis import cohesion, fluctuation, records
 from stablemoe_jax.commands.analyze import analyze_checkpoint
-from stablemoe_jax.config_validation import ConfigError, validate_config
-from stablemoe_jax.train import loop
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 
 # Hand-made assignments: 5 record steps (rows) x 4 tokens (columns).
 STEPS = np.array([0, 10, 20, 30, 40])

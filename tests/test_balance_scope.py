@@ -95,8 +95,8 @@ WARMUP, STEPS = 40, 60
 DOT_ROUTER_STEPS = """
 import json, sys
 from configs import default
+from stablemoe_jax.experiment.loop import Experiment
 from stablemoe_jax.parallel import mesh as mesh_lib
-from stablemoe_jax.train.loop import Experiment
 
 config = default.get_config()
 config.data.data_dir = sys.argv[1]

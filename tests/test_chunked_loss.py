@@ -14,6 +14,7 @@ import pytest
 import conftest
 import mt_fixtures
 from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.experiment.step import make_eval_step
 from stablemoe_jax.models import checks
 from stablemoe_jax.models.head import HeadInputs, chunked_nll, padded_vocab_size
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
@@ -22,7 +23,6 @@ from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.tasks.translation import TranslationTask
 from stablemoe_jax.train import losses
 from stablemoe_jax.train.checkpoint import _comparable, _differences
-from stablemoe_jax.train.step import make_eval_step
 
 TOL = dict(rtol=2e-5, atol=2e-6)
 
@@ -270,8 +270,8 @@ def test_greedy_and_beam_decoding_never_emit_a_padded_id():
 
 
 def test_flops_count_the_padded_head():
-  """flops.py reads the embedding's shape: the padded head computes (and is counted as) 2 Vp d a token."""
-  from stablemoe_jax import flops
+  """models/flops.py reads the embedding's shape: the padded head computes (and is counted as) 2 Vp d a token."""
+  from stablemoe_jax.models import flops
   shapes = {}
   for multiple in (0, 128):
     _, model = _lm_setup(multiple, vocab=1000)

@@ -9,10 +9,10 @@ import ml_collections
 import pytest
 from conftest import REPO, share_prepared_ptb
 
-from stablemoe_jax.compare import methods as methods_lib
 from stablemoe_jax.compare import figures, report, runner
-from stablemoe_jax.config_validation import ConfigError
-from stablemoe_jax.train import loop
+from stablemoe_jax.compare import methods as methods_lib
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment.config_validation import ConfigError
 
 
 def _compare_config(tiny_config, method_names: str, seeds: int = 1):

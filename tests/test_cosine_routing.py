@@ -13,11 +13,12 @@ import pytest
 
 from configs import default, tune_cpu
 from stablemoe_jax.compare import methods
-from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.models import cosine_routing, routers
 from stablemoe_jax.models.routers import GreedySigmoid, LearnedRouter
-from stablemoe_jax.train import loop, optimizer
-from stablemoe_jax.train.step import make_train_step
+from stablemoe_jax.train import optimizer
 
 from conftest import share_prepared_ptb
 from test_train import _numpy_adam_updates  # float64 numpy Adam, bias-corrected

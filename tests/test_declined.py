@@ -15,8 +15,8 @@ from stablemoe_jax.analysis.declined import DeclinedCounts, declined_tokens
 from stablemoe_jax.analysis.report import global_inputs
 from stablemoe_jax.analysis.routes import analysis_model, make_sample_router
 from stablemoe_jax.commands import declined as declined_command
+from stablemoe_jax.experiment import loop
 from stablemoe_jax.models.routing import METRICS
-from stablemoe_jax.train import loop
 
 
 def test_counts_of_a_hand_made_batch():

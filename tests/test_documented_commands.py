@@ -204,7 +204,7 @@ def load_config(args):
 def check_config(program: str, args) -> None:
   """Raises what the program would say about its config before doing any work."""
   from stablemoe_jax.compare import methods  # pylint: disable=import-outside-toplevel
-  from stablemoe_jax.config_validation import validate_config  # pylint: disable=import-outside-toplevel
+  from stablemoe_jax.experiment.config_validation import validate_config  # pylint: disable=import-outside-toplevel
   config = load_config(args)
   if program == "stablemoe_jax.compare":
     methods.method_configs(config)

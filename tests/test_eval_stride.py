@@ -9,8 +9,8 @@ from conftest import share_prepared_ptb
 from stablemoe_jax.data.lm import blocks
 from stablemoe_jax.data.lm import pipeline
 from stablemoe_jax.data.lm.stream import TokenStream
-from stablemoe_jax.train import loop
-from stablemoe_jax.train.step import token_nll
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment.step import token_nll
 
 
 def _stream(num_tokens: int) -> TokenStream:
@@ -82,7 +82,7 @@ def test_sliding_evaluation_equals_a_per_window_reference(tiny_config, prepared_
 
 
 def test_stride_outside_the_window_is_refused(tiny_config):
-  from stablemoe_jax.config_validation import ConfigError, validate_config
+  from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
   tiny_config.eval.stride = 17
   with pytest.raises(ConfigError, match=r"eval.stride=17 must lie in \[0, eval.seq_len=16\]"):
     validate_config(tiny_config)

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from conftest import MAIN, REPO, make_tiny_config, share_prepared_ptb, xla_flags
 
-from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment.step import step_rngs
 from stablemoe_jax.models import dispatch
 from stablemoe_jax.parallel.mesh import check_layout
-from stablemoe_jax.train import loop
-from stablemoe_jax.train.step import step_rngs
 
 LAYOUTS = ("expert4", "data2_expert2")  # compared with "one_device"
 
@@ -189,7 +189,7 @@ RESHARD = """
 import json, shutil, sys
 sys.path.insert(0, {tests!r})
 from conftest import make_tiny_config
-from stablemoe_jax.train import loop
+from stablemoe_jax.experiment import loop
 def config(expert):
   c = make_tiny_config({data!r})
   c.model.dropout = 0.0

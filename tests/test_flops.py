@@ -9,7 +9,7 @@ import pytest
 from conftest import jit_init
 
 from configs import default
-from stablemoe_jax import flops
+from stablemoe_jax.models import flops
 from stablemoe_jax.models.transformer import TransformerLM, dense_match_plan
 
 BATCH, SEQ = 4, 32

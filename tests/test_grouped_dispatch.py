@@ -9,7 +9,7 @@ import pytest
 from test_moe import init_layer, moe_config, randomized
 
 from configs import default
-from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.models import dispatch, experts
 
 E, S, D, FF = 4, 2, 8, 16

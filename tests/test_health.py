@@ -18,13 +18,14 @@ from conftest import jit_init
 from configs import default
 from stablemoe_jax.analysis import cohesion, contribution
 from stablemoe_jax.compare import report
-from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment.step import make_train_step, token_nll
 from stablemoe_jax.models import experts as experts_lib
 from stablemoe_jax.models.routing import METRICS, routing_health
 from stablemoe_jax.models.transformer import TransformerLM
-from stablemoe_jax.train import health, loop
+from stablemoe_jax.train import health
 from stablemoe_jax.train.metrics import read_metrics
-from stablemoe_jax.train.step import make_train_step, token_nll
 
 # --- the metrics ----------------------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ LAYERS = (
     # The package root is here, so a new module that no row names falls to the bottom and fails on any import.
     ("core", ("stablemoe_jax", "stablemoe_jax.core"), ()),
     ("parallel", ("stablemoe_jax.parallel",), ("core",)),
-    ("models", ("stablemoe_jax.models", "stablemoe_jax.flops"), ("core", "parallel")),
+    ("models", ("stablemoe_jax.models",), ("core", "parallel")),
     ("data.common", ("stablemoe_jax.data", "stablemoe_jax.data.common"), ("core",)),
     ("data.lm", ("stablemoe_jax.data.lm",), ("core", "data.common")),
     ("data.translation", ("stablemoe_jax.data.translation",), ("core", "data.common")),
@@ -31,10 +31,11 @@ LAYERS = (
     ("train", ("stablemoe_jax.train",), ("core", "parallel", "models")),
     ("tasks", ("stablemoe_jax.tasks",),
      ("core", "parallel", "models", "data.common", "data.lm", "data.translation", "decoding", "train")),
-    ("step", ("stablemoe_jax.train.step",), ("core", "parallel", "models", "train", "tasks")),
-    ("validation", ("stablemoe_jax.config_validation",),
+    # experiment/: what runs an experiment, three rows of one folder (file by file, each imports only down).
+    ("step", ("stablemoe_jax.experiment.step",), ("core", "parallel", "models", "train", "tasks")),
+    ("validation", ("stablemoe_jax.experiment.config_validation",),
      ("core", "models", "data.common", "data.lm", "data.translation", "analysis", "train", "tasks")),
-    ("runners", ("stablemoe_jax.train.loop", "stablemoe_jax.plan"),
+    ("runners", ("stablemoe_jax.experiment", "stablemoe_jax.experiment.loop", "stablemoe_jax.experiment.plan"),
      ("core", "parallel", "models", "analysis", "train", "tasks", "step", "validation")),
     ("entry", ("stablemoe_jax.main", "stablemoe_jax.cli", "stablemoe_jax.commands", "stablemoe_jax.compare",
               "stablemoe_jax.data.prepare.__main__", "stablemoe_jax.data.download", "stablemoe_jax.data.wmt"), "*"),
@@ -88,8 +89,8 @@ def project_graph() -> dict[str, set[str]]:
   return {module: set(targets) for module, targets in _project_graph().items()}
 
 
-def layer_of(module: str) -> str:
-  best = max(((len(prefix), layer) for layer, prefixes, _ in LAYERS for prefix in prefixes
+def layer_of(module: str, layers=LAYERS) -> str:
+  best = max(((len(prefix), layer) for layer, prefixes, _ in layers for prefix in prefixes
               if module == prefix or module.startswith(prefix + ".")), default=None)
   assert best is not None, f"{module} is in no layer of LAYERS; add it to one"
   return best[1]
@@ -135,16 +136,72 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
   return out
 
 
-def upward_imports(edges: dict[str, set[str]]) -> list[str]:
-  allowed = {layer: may for layer, _, may in LAYERS}
+def upward_imports(edges: dict[str, set[str]], layers=LAYERS) -> list[str]:
+  allowed = {layer: may for layer, _, may in layers}
   found = []
   for module, targets in sorted(edges.items()):
-    source = layer_of(module)
+    source = layer_of(module, layers)
     for target in sorted(targets):
-      goal = layer_of(target)
+      goal = layer_of(target, layers)
       if goal != source and allowed[source] != "*" and goal not in allowed[source]:
         found.append(f"{module} ({source}) imports {target} ({goal})")
   return found
+
+
+# Layers that may import anything: an entry point sits in the folder of the command it runs (``python -m
+# stablemoe_jax.data.prepare``), above every layer, so it takes no part in its folder's floor.
+UNRANKED = tuple(layer for layer, _, may in LAYERS if may == "*")
+
+
+def folder_of(module: str) -> str:
+  """The package a module's file lies in (a package's ``__init__`` lies in its own package)."""
+  return module if _is_package(module) else module.rpartition(".")[0]
+
+
+@functools.cache
+def _is_package(module: str) -> bool:
+  return project_files()[module].name == "__init__.py" if module in project_files() else False
+
+
+def folder_floors(edges: dict[str, set[str]], layers=LAYERS) -> dict[str, set[int]]:
+  """{folder: the rows of ``layers`` (bottom 0) its modules are in}, entry points and benchmarks left out."""
+  order = [layer for layer, _, _ in layers]
+  floors = {}
+  for module in edges:
+    layer = layer_of(module, layers)
+    if layer not in UNRANKED:
+      floors.setdefault(folder_of(module), set()).add(order.index(layer))
+  return floors
+
+
+def folders_on_several_floors(edges: dict[str, set[str]], layers=LAYERS) -> list[str]:
+  """Folders that are not one floor: a module of another folder lies in a row between their lowest and highest.
+
+  A folder may hold several adjacent rows (``experiment/``: step, validation, runners), never straddle another."""
+  floors = folder_floors(edges, layers)
+  found = []
+  for folder, rows in sorted(floors.items()):
+    inside = set(range(min(rows) + 1, max(rows)))
+    others = sorted(other for other, theirs in floors.items() if other != folder and theirs & inside)
+    if others:
+      found.append(f"{folder} spans rows {min(rows)}-{max(rows)} of the table, across {others}")
+  return found
+
+
+def upward_folder_imports(edges: dict[str, set[str]], layers=LAYERS) -> list[str]:
+  """Folder-level imports that point up: a module of folder F imports one of folder G while G's highest row lies
+  above F's lowest (an entry point's imports are its own, not its folder's)."""
+  floors = folder_floors(edges, layers)
+  found = set()
+  for module, targets in edges.items():
+    source = folder_of(module)
+    if layer_of(module, layers) in UNRANKED:
+      continue
+    for target in targets:
+      goal = folder_of(target)
+      if goal != source and layer_of(target, layers) not in UNRANKED and max(floors[goal]) > min(floors[source]):
+        found.add(f"{source} imports {goal} ({module} -> {target})")
+  return sorted(found)
 
 
 def test_the_layer_table_points_only_downward():
@@ -163,17 +220,40 @@ def test_no_import_from_a_lower_layer_to_a_higher_one():
   assert upward_imports(project_graph()) == []
 
 
+def test_one_floor_per_folder():
+  assert folders_on_several_floors(project_graph()) == []
+
+
+def test_no_folder_imports_a_folder_above_it():
+  assert upward_folder_imports(project_graph()) == []
+
+
+def test_the_old_train_folder_is_caught_on_three_floors():
+  """The layout before issue 41: the step and the loop inside ``train/``, below and above ``tasks/``."""
+  old = {"stablemoe_jax.experiment.step": "stablemoe_jax.train.step",
+         "stablemoe_jax.experiment.loop": "stablemoe_jax.train.loop"}
+  rename = lambda module: old.get(module, module)
+  edges = {rename(module): {rename(t) for t in targets} for module, targets in project_graph().items()}
+  layers = tuple((layer, tuple(rename(p) for p in prefixes), may) for layer, prefixes, may in LAYERS)
+  assert upward_imports(edges, layers) == []  # file by file, every import still points down
+  assert any(line.startswith("stablemoe_jax.train spans") and "stablemoe_jax.tasks" in line
+             for line in folders_on_several_floors(edges, layers))
+  upward = upward_folder_imports(edges, layers)
+  assert any(line.startswith("stablemoe_jax.tasks imports stablemoe_jax.train (") for line in upward)
+
+
 def test_a_planted_circle_and_an_upward_import_are_found():
   edges = project_graph()
-  edges["stablemoe_jax.core.constants"].add("stablemoe_jax.train.loop")
-  assert any("stablemoe_jax.core.constants" in c and "stablemoe_jax.train.loop" in c for c in circles(edges))
-  assert "stablemoe_jax.core.constants (core) imports stablemoe_jax.train.loop (runners)" in upward_imports(edges)
+  edges["stablemoe_jax.core.constants"].add("stablemoe_jax.experiment.loop")
+  assert any("stablemoe_jax.core.constants" in c and "stablemoe_jax.experiment.loop" in c for c in circles(edges))
+  assert "stablemoe_jax.core.constants (core) imports stablemoe_jax.experiment.loop (runners)" in upward_imports(edges)
 
 
-@pytest.mark.parametrize("source", ["from stablemoe_jax.train import loop", "import stablemoe_jax.train.loop",
-                                    "def f():\n  from stablemoe_jax.train.loop import Experiment"])
+@pytest.mark.parametrize("source", ["from stablemoe_jax.experiment import loop",
+                                    "import stablemoe_jax.experiment.loop",
+                                    "def f():\n  from stablemoe_jax.experiment.loop import Experiment"])
 def test_every_spelling_of_an_import_is_an_edge(tmp_path, source):
   path = tmp_path / "probe.py"
   path.write_text(source + "\n")
-  files = {"stablemoe_jax.train.loop": ROOT / "stablemoe_jax" / "train" / "loop.py", "probe": path}
-  assert import_graph(files)["probe"] == {"stablemoe_jax.train.loop"}
+  files = {"stablemoe_jax.experiment.loop": ROOT / "stablemoe_jax" / "experiment" / "loop.py", "probe": path}
+  assert import_graph(files)["probe"] == {"stablemoe_jax.experiment.loop"}

@@ -9,11 +9,11 @@ import pytest
 from conftest import jit_init
 
 from configs import default
-from stablemoe_jax.config_validation import ConfigError, check_backend, validate_config
+from stablemoe_jax.experiment.config_validation import ConfigError, check_backend, validate_config
+from stablemoe_jax.experiment.step import token_nll
 from stablemoe_jax.models.moe import SHUFFLE_RNG
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.models.transformer import TransformerLM, attention_implementation
-from stablemoe_jax.train.step import token_nll
 
 BATCH, SEQ = 2, 16
 

@@ -11,13 +11,13 @@ import pytest
 from mt_fixtures import make_tiny_mt_config, multi30k_lines
 
 from configs import mt_files
-from stablemoe_jax.config_validation import ConfigError, validate_config
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.prepare import lm as prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
 from stablemoe_jax.data.translation import corpora as parallel
 from stablemoe_jax.data.translation import pipeline as data_lib
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 
 OPTIONS = prepare.Options(shard_pairs=150, batch_lines=64, workers=0, progress=False)
 TRAIN_LINES = 240  # per training file; de-en has two, fr-en one (gzip)
@@ -221,7 +221,7 @@ def test_a_lone_carriage_return_stays_inside_its_line_in_both_paths(tmp_path):
 @pytest.mark.slow
 def test_files_config_prepare_then_train(prepared):
   _, config, prepared_dir, _ = prepared
-  from stablemoe_jax.train import loop
+  from stablemoe_jax.experiment import loop
   workdir = prepared_dir.parent  # the workdir prepare wrote to
   config = config.copy_and_resolve_references()
   config.train.steps, config.train.stage1_steps = 6, 3

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from conftest import MAIN, REPO, share_prepared_ptb, tiny_flags, xla_flags
 
-from stablemoe_jax.train import loop
-from stablemoe_jax.train.step import make_train_step
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment.step import make_train_step
 
 TRAIN_TINY = """
 import json, sys
 sys.path.insert(0, {tests!r})
 from conftest import make_tiny_config
-from stablemoe_jax.train import loop
+from stablemoe_jax.experiment import loop
 config = make_tiny_config({data!r})
 config.train.steps, config.train.stage1_steps, config.train.checkpoint_every = 8, 4, 8
 config.model.moe.num_groups = 2  # the same routing groups on 1 and 2 devices (2 devices need a multiple of 2)

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import pytest
 from conftest import MAIN, REPO, make_tiny_config
 
-from stablemoe_jax import flops, plan
+from stablemoe_jax.experiment import plan
+from stablemoe_jax.models import flops
 from stablemoe_jax.models.transformer import TransformerLM
 
 

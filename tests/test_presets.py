@@ -12,9 +12,9 @@ import sys
 import pytest
 from conftest import REPO, make_tiny_config, share_prepared_ptb, xla_flags
 
-from stablemoe_jax import plan as plan_lib
 from stablemoe_jax.core.errors import ConfigError, DataNotFoundError
-from stablemoe_jax.train import loop
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment import plan as plan_lib
 
 # Every config file (its ``:arg`` variants too) and how the plan (no compile) ends on 1, 8 and 64 devices: the number
 # of routing groups it resolves, or the start of the one line that says why it cannot run there.
@@ -148,7 +148,7 @@ def test_a_prepared_lm_files_corpus_is_not_refused(tmp_path):
   data = tmp_path / "prepared" / "data"
   data.mkdir(parents=True)
   (data / "prepared.json").write_text(json.dumps({"format": "shards"}))
-  from stablemoe_jax import config_validation  # pylint: disable=import-outside-toplevel
+  from stablemoe_jax.experiment import config_validation  # pylint: disable=import-outside-toplevel
   config_validation.check_prepared(config, tmp_path / "prepared")  # no error
 
 
@@ -199,7 +199,7 @@ TRAIN_ON_TWO = """
 import json, sys
 sys.path.insert(0, {tests!r})
 from test_presets import groups_config
-from stablemoe_jax.train import loop
+from stablemoe_jax.experiment import loop
 config = groups_config({data!r})
 print("STOPPED" + json.dumps(loop.train_and_evaluate(config, {workdir!r}, stop_at_step=5)))
 print("EVAL" + json.dumps(loop.evaluate_checkpoint(config, {workdir!r}, step=4)))

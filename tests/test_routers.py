@@ -10,14 +10,14 @@ import pytest
 from scipy.optimize import linear_sum_assignment
 
 from configs import default
-from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.models import distill, routers
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
 from stablemoe_jax.models.routers import (BalancedAssignment, DistilledRouterSpec, HashRouter, LearnedRouter,
                                           SwitchSoftmax, balanced_hash_table)
 from stablemoe_jax.models.transformer import TransformerLM
-from stablemoe_jax.train import loop
-from stablemoe_jax.train.step import make_train_step
 
 from conftest import MAIN, REPO, share_prepared_ptb
 

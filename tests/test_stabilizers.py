@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from configs import default
-from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.models import routers
 from stablemoe_jax.models.experts import FFNExperts
 from stablemoe_jax.models.moe import MoELayer

@@ -9,8 +9,8 @@ from flax import linen as nn
 
 from configs import default
 from stablemoe_jax.compare import methods
+from stablemoe_jax.experiment.step import make_eval_step
 from stablemoe_jax.models.transformer import TransformerLM
-from stablemoe_jax.train.step import make_eval_step
 
 
 def _model_and_batch():

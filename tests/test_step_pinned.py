@@ -15,9 +15,9 @@ import numpy as np
 import optax
 import pytest
 
+from stablemoe_jax.experiment.step import make_eval_step, make_routing_agreement_step, make_train_step
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.train.state import TrainState
-from stablemoe_jax.train.step import make_eval_step, make_routing_agreement_step, make_train_step
 
 W0 = 2.0
 BALANCE = (0.5, 1.5)  # per layer: balance loss = c * w, so its sum over layers is 2.0 * w

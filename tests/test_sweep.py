@@ -13,7 +13,7 @@ from conftest import share_prepared_ptb
 
 from stablemoe_jax.compare import report, runner, sweep
 from stablemoe_jax.compare.methods import method_configs
-from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.experiment.config_validation import ConfigError
 
 
 def _sweep_config(tiny_config, methods="dense,stablemoe_all", seeds=2, rates="3e-3,1e-2", warmups="2,4",

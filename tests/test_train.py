@@ -10,10 +10,10 @@ import orbax.checkpoint as ocp
 import pytest
 from conftest import make_tiny_config, share_prepared_ptb
 
-from stablemoe_jax.config_validation import ConfigError, validate_config
-from stablemoe_jax.train import loop
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.train.checkpoint import CheckpointMismatchError, abstract_like
-from stablemoe_jax.train.step import make_train_step
 
 
 def _distilled(params):

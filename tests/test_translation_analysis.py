@@ -12,8 +12,8 @@ from mt_fixtures import copy_shared_run
 
 from stablemoe_jax.analysis import fluctuation, records
 from stablemoe_jax.commands.analyze import analyze_checkpoint
+from stablemoe_jax.experiment import loop
 from stablemoe_jax.models.seq2seq import PAD_ID
-from stablemoe_jax.train import loop
 
 
 def test_fluctuation_leaves_padding_out():

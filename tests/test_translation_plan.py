@@ -10,7 +10,8 @@ import pytest
 from conftest import REPO
 from mt_fixtures import tiny_model_config
 
-from stablemoe_jax import flops, plan
+from stablemoe_jax.experiment import plan
+from stablemoe_jax.models import flops
 from stablemoe_jax.tasks import make_task
 from stablemoe_jax.train import state as state_lib
 from stablemoe_jax.train.optimizer import make_optimizer

@@ -7,7 +7,7 @@ import pytest
 from mt_fixtures import make_tiny_mt_config, write_small_corpora
 
 from stablemoe_jax.commands import translate as translate_command
-from stablemoe_jax.train import loop
+from stablemoe_jax.experiment import loop
 
 
 def _task_losses(workdir) -> list[float]:

@@ -15,13 +15,13 @@ from conftest import REPO
 from mt_fixtures import make_tiny_mt_config, multi30k_lines
 
 from configs import mt_wmt
-from stablemoe_jax.config_validation import ConfigError, validate_config
 from stablemoe_jax.core.errors import DataError
 from stablemoe_jax.data.prepare import lm as prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
 from stablemoe_jax.data.translation import pipeline as data_lib
 from stablemoe_jax.data.translation import wmt
 from stablemoe_jax.data.translation.joint_tokenizer import EOS_ID
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 
 MAIN = [sys.executable, "-m", "stablemoe_jax.main", "--config", "configs/mt_wmt.py"]
 
@@ -196,7 +196,7 @@ def test_a_builder_prepared_as_tfrecord_is_one_line_naming_the_fix(tmp_path):
 def test_wmt_prepare_then_train_and_translate(prepared_wmt):
   """A short run on the prepared WMT stand-ins: trains, evaluates and reports BLEU of fr-en's two test sets;
   the TFDS folder is not read again (training reads the workdir)."""
-  from stablemoe_jax.train import loop
+  from stablemoe_jax.experiment import loop
   config, root, _, _ = prepared_wmt
   config = config.copy_and_resolve_references()
   config.data.tfds_data_dir = str(root / "nowhere")

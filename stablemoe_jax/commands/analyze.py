@@ -10,8 +10,8 @@ import ml_collections
 from stablemoe_jax.analysis.contribution import experiment_contributions
 from stablemoe_jax.analysis.report import write_report
 from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.experiment import loop
 from stablemoe_jax.models.transformer import has_moe_layers
-from stablemoe_jax.train import loop
 
 
 def analyze_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,

@@ -14,8 +14,8 @@ import pathlib
 import ml_collections
 
 from stablemoe_jax.analysis.declined import declined_tokens
+from stablemoe_jax.experiment import loop
 from stablemoe_jax.models.routing import LOW_GATE
-from stablemoe_jax.train import loop
 
 
 def _percent(value) -> str:

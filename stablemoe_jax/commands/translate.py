@@ -9,7 +9,7 @@ from stablemoe_jax.core.errors import ConfigError, DataError
 from stablemoe_jax.decoding.bleu_report import decode_settings
 from stablemoe_jax.decoding.translate_lines import translate_lines
 from stablemoe_jax.decoding.translator import make_translate_fn
-from stablemoe_jax.train import loop
+from stablemoe_jax.experiment import loop
 
 
 def read_lines(path: str) -> list[str]:

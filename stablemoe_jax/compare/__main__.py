@@ -15,7 +15,7 @@ from ml_collections import config_flags
 
 from stablemoe_jax import cli
 from stablemoe_jax.compare import report, runner, sweep
-from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.experiment.config_validation import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config with a compare section, e.g. "
                                           "configs/compare_cpu.py.")

@@ -12,7 +12,7 @@ from typing import Any
 
 import ml_collections
 
-from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 
 
 @dataclasses.dataclass(frozen=True)

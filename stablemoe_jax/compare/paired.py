@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from stablemoe_jax.config_validation import ConfigError
+from stablemoe_jax.experiment.config_validation import ConfigError
 
 METRICS = ("valid", "test")  # perplexity of each split, as summary.json has it
 

@@ -21,8 +21,8 @@ from ml_collections import config_flags
 
 from stablemoe_jax import cli
 from stablemoe_jax.analysis import records as records_lib
+from stablemoe_jax.experiment import loop
 from stablemoe_jax.train import health as health_lib
-from stablemoe_jax.train import loop
 from stablemoe_jax.train.metrics import read_metrics
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")

@@ -11,10 +11,11 @@ import time
 import jax
 import ml_collections
 
-from stablemoe_jax import flops as flops_lib
 from stablemoe_jax.analysis import fluctuation, records as records_lib
 from stablemoe_jax.compare.methods import METHODS, method_configs
-from stablemoe_jax.train import health, loop
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.models import flops as flops_lib
+from stablemoe_jax.train import health
 from stablemoe_jax.train.metrics import read_metrics
 
 

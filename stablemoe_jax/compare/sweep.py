@@ -31,7 +31,7 @@ import ml_collections
 
 from stablemoe_jax.compare import runner
 from stablemoe_jax.compare.methods import method_configs
-from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.train import health as health_lib
 
 

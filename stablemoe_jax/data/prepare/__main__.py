@@ -12,10 +12,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from stablemoe_jax import cli
-from stablemoe_jax.config_validation import validate_config
 from stablemoe_jax.data.prepare import lm as lm_prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
 from stablemoe_jax.data.prepare.lm import Options
+from stablemoe_jax.experiment.config_validation import validate_config
 
 
 def main(argv: list[str]) -> None:

@@ -6,7 +6,7 @@ reported): ``models/checks.py`` (``model``, ``model.moe``, the routers, ``mesh.e
 (``health``), ``analysis/recorder.py`` (``analysis``), ``tasks/translation.py`` (``data``, ``decode`` of a
 translation config). With ``device_count`` it adds what a launch on that many devices needs (the launch and
 ``--mode=plan`` call it alike); ``check_prepared`` stops a run whose corpus only ``data.prepare`` prepares, naming
-that command. Imported by the runners (``train/loop.py``, ``plan.py``) and the entry points only.
+that command. Imported by the runners (``experiment/loop.py``, ``experiment/plan.py``) and the entry points only.
 """
 from __future__ import annotations
 

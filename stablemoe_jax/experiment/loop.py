@@ -13,11 +13,12 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from stablemoe_jax import plan as plan_lib
 from stablemoe_jax import tasks as tasks_lib
 from stablemoe_jax.analysis.contribution import experiment_contributions, layer_contributions
 from stablemoe_jax.analysis.recorder import RoutingRecorder
-from stablemoe_jax.config_validation import check_backend, check_prepared, validate_config
+from stablemoe_jax.experiment import plan as plan_lib
+from stablemoe_jax.experiment.config_validation import check_backend, check_prepared, validate_config
+from stablemoe_jax.experiment.step import jit_train_step, make_eval_step, make_routing_agreement_step
 from stablemoe_jax.models import routers
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
@@ -26,7 +27,6 @@ from stablemoe_jax.train import health as health_lib
 from stablemoe_jax.train.metrics import MetricWriter, last_logged, read_metrics
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import TrainState, create_train_state, train_state_shardings
-from stablemoe_jax.train.step import jit_train_step, make_eval_step, make_routing_agreement_step
 
 
 class NonFiniteLossError(FloatingPointError):

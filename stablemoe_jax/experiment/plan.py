@@ -18,14 +18,14 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import AbstractMesh
 
-from stablemoe_jax.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
+from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.models.transformer import has_moe_layers, moe_positions
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.tasks import make_task, task_name
 from stablemoe_jax.train import state as state_lib
 from stablemoe_jax.train.optimizer import make_optimizer
-from stablemoe_jax.train.step import make_train_step
 
 # The paper's vocabulary (GPT-2 BPE) where the config leaves it to the tokenizer (model.vocab_size = 0).
 DEFAULT_PLAN_VOCAB = 50_257

@@ -27,7 +27,7 @@ from ml_collections import config_flags
 
 from stablemoe_jax.cli import run_app
 from stablemoe_jax.experiment.loop import Experiment
-from stablemoe_jax.models import routers
+from stablemoe_jax.models import stablemoe_router
 from stablemoe_jax.parallel import mesh as mesh_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=False)
@@ -63,14 +63,14 @@ def _capture_input_and_scores(exp: Experiment, params, batch, layer: str) -> tup
     finally:
       inside.pop()
 
-  assign = routers.GreedySigmoid.assign
+  assign = stablemoe_router.GreedySigmoid.assign
 
   def recording_assign(policy, scores, *args, **kwargs):
     if inside:
       captured["scores"] = scores
     return assign(policy, scores, *args, **kwargs)
 
-  with nn.intercept_methods(interceptor), mock.patch.object(routers.GreedySigmoid, "assign", recording_assign):
+  with nn.intercept_methods(interceptor), mock.patch.object(stablemoe_router.GreedySigmoid, "assign", recording_assign):
     exp.model.apply({"params": params}, batch["inputs"], jnp.array(True), deterministic=True)
   if "scores" not in captured:
     raise ValueError(f"layer {layer}'s router does not score tokens with a greedy sigmoid (model.moe.router="

@@ -17,7 +17,8 @@ from stablemoe_jax.experiment import loop
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.models import cosine_routing, routers
-from stablemoe_jax.models.routers import GreedySigmoid, LearnedRouter
+from stablemoe_jax.models.learned_router import LearnedRouter
+from stablemoe_jax.models.stablemoe_router import GreedySigmoid
 from stablemoe_jax.train import optimizer
 
 from conftest import share_prepared_ptb

@@ -8,9 +8,10 @@ import pytest
 from conftest import jit_init
 
 from stablemoe_jax.models import dispatch
+from stablemoe_jax.models.learned_router import DISTILLED_ROUTER_DEFAULTS
 from stablemoe_jax.models.moe import MoELayer
-from stablemoe_jax.models.routers import DISTILLED_ROUTER_DEFAULTS, StableMoERouter
 from stablemoe_jax.models.routing import stablemoe_balance_loss
+from stablemoe_jax.models.stablemoe_router import StableMoERouter
 
 D, FF, E, SUB, VOCAB = 8, 16, 4, 2, 11
 

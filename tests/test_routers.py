@@ -13,10 +13,12 @@ from configs import default
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.experiment.step import make_train_step
-from stablemoe_jax.models import distill, routers
+from stablemoe_jax.models import distill, hash_router, routers, stablemoe_router
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
-from stablemoe_jax.models.routers import (BalancedAssignment, DistilledRouterSpec, HashRouter, LearnedRouter,
-                                          SwitchSoftmax, balanced_hash_table)
+from stablemoe_jax.models.base_router import BalancedAssignment
+from stablemoe_jax.models.hash_router import HashRouter, balanced_hash_table
+from stablemoe_jax.models.learned_router import DISTILLED_ROUTER_DEFAULTS, DistilledRouterSpec, LearnedRouter
+from stablemoe_jax.models.switch_router import SwitchSoftmax
 from stablemoe_jax.models.transformer import TransformerLM
 
 from conftest import MAIN, REPO, share_prepared_ptb
@@ -88,7 +90,7 @@ def test_stablemoe_balance_loss_gradient_through_the_router_matches_numpy_closed
   """Reference: L = alpha / T * sum_t c_{a_t} sigmoid(s_{t a_t}), c_i = (|A_i| - T/N) / (T/N), s = h E^T, so
   dL/dE_i = alpha / T * c_i * sum_{t in A_i} sigma'(s_ti) h_t and dL/dh_t = alpha / T * c_{a_t} sigma'(s_{t a_t}) E_{a_t}."""
   tokens, experts, d, alpha = 24, 4, 6, 0.3
-  router = routers.StableMoERouter(num_experts=experts, vocab_size=7, distill_dim=3, balance_alpha=alpha)
+  router = stablemoe_router.StableMoERouter(num_experts=experts, vocab_size=7, distill_dim=3, balance_alpha=alpha)
   h = jax.random.normal(jax.random.key(0), (tokens, d))
   ids = jax.random.randint(jax.random.key(1), (tokens,), 0, 7)
   params = router.init(jax.random.key(2), h, ids, jnp.array(True))["params"]
@@ -233,7 +235,7 @@ def test_balanced_hash_table_bin_packs_by_frequency():
   zipf = (1000 / np.arange(1, 2001)).astype(int)
   loads = np.bincount(balanced_hash_table(zipf, 8, seed=3), weights=zipf, minlength=8)
   assert loads.max() - loads.min() <= zipf.max()  # a greedy packing is within one item of even
-  random_loads = np.bincount(routers.random_hash_table(2000, 8, 3), weights=zipf, minlength=8)
+  random_loads = np.bincount(hash_router.random_hash_table(2000, 8, 3), weights=zipf, minlength=8)
   assert loads.max() - loads.min() < random_loads.max() - random_loads.min()
   np.testing.assert_array_equal(balanced_hash_table(zipf, 8, seed=3), balanced_hash_table(zipf, 8, seed=3))
 
@@ -303,7 +305,7 @@ def test_default_router_sections_equal_the_registry_defaults_but_their_preset_ke
   # The CPU default's two small-scale deviations (docs/tuning.md); the registry keeps the paper's values.
   assert moe.stablemoe.balance_scope == "all" and routers.ROUTERS["stablemoe"].defaults["balance_scope"] == "assigned"
   assert moe.stablemoe.affinity == "cosine" and routers.ROUTERS["stablemoe"].defaults["affinity"] == "dot"
-  assert moe.distilled_router.to_dict() == routers.DISTILLED_ROUTER_DEFAULTS
+  assert moe.distilled_router.to_dict() == DISTILLED_ROUTER_DEFAULTS
 
 
 @pytest.mark.parametrize("router, key, value, message", [
@@ -410,7 +412,7 @@ def test_each_router_trains_on_real_data(tiny_config, shared_workdir, router, se
     counts = exp.train_token_counts()
     np.testing.assert_array_equal(table, balanced_hash_table(counts, 4, seed=0))
     np.testing.assert_array_equal(jax.device_get(state.params)["moe_0"]["router"]["table"], table)
-    assert not np.array_equal(table, routers.random_hash_table(len(counts), 4, 0))
+    assert not np.array_equal(table, hash_router.random_hash_table(len(counts), 4, 0))
   if router == "switch":
     assert "aux/z_loss" in metrics and "aux/balance" in metrics
   assert float(exp.evaluate(state.params, "valid", max_batches=1)["perplexity"]) < 3000

@@ -12,10 +12,11 @@ import pytest
 
 from configs import default
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
-from stablemoe_jax.models import routers
+from stablemoe_jax.models import cosine_routing, routers, stablemoe_router
 from stablemoe_jax.models.experts import FFNExperts
+from stablemoe_jax.models.learned_router import DISTILLED_ROUTER_DEFAULTS, LearnedRouter
 from stablemoe_jax.models.moe import MoELayer
-from stablemoe_jax.models.routers import DISTILLED_ROUTER_DEFAULTS, GreedySigmoid, LearnedRouter
+from stablemoe_jax.models.stablemoe_router import GreedySigmoid
 from stablemoe_jax.train import optimizer
 
 from test_train import _numpy_adam_updates  # float64 numpy Adam, bias-corrected
@@ -104,9 +105,9 @@ def test_cosine_routing_scores_gate_and_assignment_against_numpy(cosine_dim):
   # The balance loss acts on these scores: the learned temperature gets a gradient.
   grads = jax.grad(lambda p: _apply(router, p, h)[1]["aux_loss"]["balance"][0])(params)
   assert float(grads["logit_scale"]) != 0.0
-  # 1 / tau is clipped at routers.MAX_LOGIT_SCALE.
+  # 1 / tau is clipped at cosine_routing.MAX_LOGIT_SCALE.
   clipped, _ = _apply(router, {**params, "logit_scale": jnp.array(10.0)}, h)
-  np.testing.assert_allclose(clipped.gate, _sigmoid(cos.max(-1) * routers.MAX_LOGIT_SCALE), rtol=1e-4)
+  np.testing.assert_allclose(clipped.gate, _sigmoid(cos.max(-1) * cosine_routing.MAX_LOGIT_SCALE), rtol=1e-4)
 
 
 def test_dot_product_stablemoe_router_is_the_router_before_the_new_keys_bit_for_bit():
@@ -114,7 +115,7 @@ def test_dot_product_stablemoe_router_is_the_router_before_the_new_keys_bit_for_
   z-loss) builds the same router, parameters and outputs as a section without the new keys (the code before them)."""
   moe = default.get_config().model.moe
   for key in ("z_loss_weight", "affinity", "cosine_dim", "cosine_temperature"):
-    moe.stablemoe[key] = routers.STABLEMOE_DEFAULTS[key]
+    moe.stablemoe[key] = stablemoe_router.DEFAULTS[key]
   old = ml_collections.ConfigDict(moe.to_dict())
   for key in ("z_loss_weight", "affinity", "cosine_dim", "cosine_temperature"):
     del old.stablemoe[key]

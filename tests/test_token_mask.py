@@ -14,9 +14,9 @@ from test_moe import D, E, FF, SUB, VOCAB, moe_config, per_token_reference, rand
 
 from stablemoe_jax.models import dispatch
 from stablemoe_jax.models.moe import MoELayer
-from stablemoe_jax.models.routers import switch_balance_loss
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS, expert_load, routing_health, stablemoe_balance_loss
 from stablemoe_jax.models.seq2seq import PAD_ID, TransformerSeq2Seq
+from stablemoe_jax.models.switch_router import switch_balance_loss
 
 RNG = np.random.default_rng(0)
 SCORES = jnp.asarray(RNG.normal(size=(10, 4)), jnp.float32)

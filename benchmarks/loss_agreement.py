@@ -27,7 +27,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from benchmarks.throughput import Case, apply_overrides, parse_cases
+from benchmarks.cases import Case, apply_overrides, parse_cases
 from stablemoe_jax.experiment.config_validation import ConfigError, check_backend, validate_config
 from stablemoe_jax.experiment.step import jit_train_step
 from stablemoe_jax.models import dispatch as dispatch_lib

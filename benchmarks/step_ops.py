@@ -28,9 +28,9 @@ import jax
 import ml_collections
 
 from benchmarks import reference_gpt2
+from benchmarks.cases import DEFAULT_VOCAB_SIZE, DENSE_OVERRIDES, Case, case_config, parse_cases, synthetic_batch
 from benchmarks.op_counts import hlo_counts, jaxpr_counts
-from benchmarks.throughput import (DENSE_OVERRIDES, DEFAULT_VOCAB_SIZE, Case, _compiled_bytes, case_config,
-                                   parse_cases, synthetic_batch)
+from benchmarks.throughput import _compiled_bytes
 from stablemoe_jax.experiment.config_validation import ConfigError
 from stablemoe_jax.experiment.step import jit_train_step
 from stablemoe_jax.models.transformer import TransformerLM

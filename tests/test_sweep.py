@@ -11,7 +11,7 @@ import ml_collections
 import pytest
 from conftest import share_prepared_ptb
 
-from stablemoe_jax.compare import report, runner, sweep
+from stablemoe_jax.compare import report, runner, sweep, sweep_report
 from stablemoe_jax.compare.methods import method_configs
 from stablemoe_jax.experiment.config_validation import ConfigError
 
@@ -94,7 +94,7 @@ def test_grid_choice_seeds_resume_and_report(tiny_config, tmp_path, fake_trainin
   assert (tmp_path / "dense" / "lr0.01_warmup2" / "seed1" / "summary.json").exists()
   assert all(steps == config.train.steps for _, steps, _, _ in fake_training)
 
-  rows = report.write_sweep_reports(config, result, tmp_path)
+  rows = sweep_report.write_sweep_reports(config, result, tmp_path)
   table = (tmp_path / "comparison.md").read_text()
   assert "| lr 0.003, warmup 2 | lr 0.003, warmup 4 |" in table
   assert f"{stable_cells['lr0.003_warmup4']['valid_ppl']:.2f} +0.2% DEAD" in table
@@ -137,7 +137,7 @@ def test_a_choice_whose_seed_dies_gives_way_to_the_next_live_setting(tiny_config
   assert any("lr0.003_warmup2 rejected: the layer died in seed(s) [1]" in line for line in lines)
   assert lines[-1].startswith("[8/8] stablemoe_all lr0.01_warmup4 seed 3")  # the count grew by the new seeds
 
-  report.write_sweep_reports(config, result, tmp_path)
+  sweep_report.write_sweep_reports(config, result, tmp_path)
   table = (tmp_path / "comparison.md").read_text()
   assert f"{_fake_valid_at(config, 3e-3, 2, 0, True):.2f} +5.0% (DEAD in seed 1)" in table
   assert (f"- StableMoE, balance loss over all tokens (all): lr 0.003, warmup 2 rejected (seed 1: "
@@ -190,7 +190,7 @@ def test_report_only_trains_nothing_and_reports_an_unfinished_grid(tiny_config, 
   fake_training.clear()
   result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None, train=False)
   assert not fake_training and result["choices"]["dense"] is None and not result["records"]
-  report.write_sweep_reports(config, result, tmp_path)
+  sweep_report.write_sweep_reports(config, result, tmp_path)
   table = (tmp_path / "comparison.md").read_text()
   assert "| dense Transformer (same shared layers) | 107.00 | -- | grid not finished |" in table
 
@@ -274,7 +274,7 @@ def test_tiny_sweep_trains_for_real(tiny_config, prepared_ptb, tmp_path):
   assert result["choices"]["stablemoe_all"]["name"] == best["setting"]["name"]
   assert [r["seed"] for r in result["records"]] == [1]  # reported: a seed the choice never saw
   assert result["records"][0]["summary"]["valid"]["perplexity"] != best["valid_ppl"]
-  rows = report.write_sweep_reports(config, result, tmp_path)
+  rows = sweep_report.write_sweep_reports(config, result, tmp_path)
   assert rows[0]["health"] is not None and (tmp_path / "convergence.png").exists()
   assert (tmp_path / "validation_tokens.png").read_bytes()[:4] == b"\x89PNG"
   assert result["records"][0]["summary"]["device"] == {"platform": "cpu", "kind": "cpu", "count": 1, "processes": 1}
@@ -301,7 +301,7 @@ def test_a_method_grid_of_its_own_and_one_extended_past_the_shared_grid(tiny_con
   assert len(fake_training) == 2 + 2 + 2  # each method's own two settings, one reported seed each
   assert result["choices"]["dense"]["name"] == "lr0.01_warmup2"  # not the shared 3e-3 / 2 it never ran
   assert result["choices"]["stablemoe_all"]["name"] == "lr0.003_warmup2"  # 3e-3 / 4 is dead (the fake)
-  report.write_sweep_reports(config, result, tmp_path)
+  sweep_report.write_sweep_reports(config, result, tmp_path)
   dense_line = next(line for line in (tmp_path / "comparison.md").read_text().splitlines()
                     if line.startswith("| dense"))
   assert dense_line.startswith("| dense Transformer (same shared layers) | · |") and dense_line.endswith("| · | lr 0.01, warmup 2 |")
@@ -322,7 +322,7 @@ def test_a_method_with_one_setting_trains_no_selection_run_and_pairs_with_its_ba
   result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)
   assert sorted(seed for *_, seed in fake_training) == [1, 1, 2, 2]  # no seed-0 selection run
   assert result["choices"]["stablemoe_all"]["fixed"] and result["choices"]["stablemoe_all"]["name"] == "lr0.003_warmup2"
-  report.write_sweep_reports(config, result, tmp_path)
+  sweep_report.write_sweep_reports(config, result, tmp_path)
   table = (tmp_path / "comparison.md").read_text()
   assert "## Paired against its baseline" in table and "| its setting | lr 0.003, warmup 2 (its one setting) |" in table
   line = next(l for l in table.splitlines() if l.startswith("| StableMoE, the paper's balance loss (assigned) | "

@@ -9,7 +9,7 @@ import sys
 import jax
 import pytest
 
-from benchmarks import throughput
+from benchmarks import cases, throughput
 from configs import default
 from tests.conftest import REPO
 
@@ -43,7 +43,7 @@ def _check_flops(row):
 def quick_rows():
   """The reference, dense and one MoE case (1 block, 1 expert sublayer, capacity factor 1): ~35 s on 2 cores."""
   return throughput.run_cases(_tiny_config(num_layers=1, sublayers=1),
-                              [throughput.Case("cf1", {"model.moe.capacity_factor": "1.0"})], steps=2, warmup=1)
+                              [cases.Case("cf1", {"model.moe.capacity_factor": "1.0"})], steps=2, warmup=1)
 
 
 @pytest.mark.slow
@@ -91,7 +91,7 @@ def test_analytic_train_flops_match_xla_cost_analysis(quick_rows):
 @pytest.mark.slow
 @pytest.mark.parametrize("cf", ["1.0", "2.0"])
 def test_analytic_train_flops_match_xla_at_two_blocks(cf):
-  prepared = throughput.prepare_case(_tiny_config(), throughput.Case("c", {"model.moe.capacity_factor": cf}))
+  prepared = throughput.prepare_case(_tiny_config(), cases.Case("c", {"model.moe.capacity_factor": cf}))
   row = throughput.measure_case(prepared, steps=1, warmup=0)
   assert row["capacity_factor"] == float(cf)
   _check_flops(row)
@@ -99,21 +99,21 @@ def test_analytic_train_flops_match_xla_at_two_blocks(cf):
 
 @pytest.mark.slow
 def test_default_cases_run():
-  rows = throughput.run_cases(_tiny_config(), throughput.default_cases(), steps=2, warmup=1, reference=False)
-  assert [r["case"] for r in rows] == ["dense"] + [c.name for c in throughput.default_cases()]
+  rows = throughput.run_cases(_tiny_config(), cases.default_cases(), steps=2, warmup=1, reference=False)
+  assert [r["case"] for r in rows] == ["dense"] + [c.name for c in cases.default_cases()]
   assert all("error" not in r and "tokens_per_s_vs_dense" in r for r in rows[1:])
 
 
 def test_parse_cases_and_overrides():
-  cases = throughput.parse_cases("a:model.moe.dispatcher=index,model.moe.capacity_factor=1.0; model.remat=block")
-  assert cases[0] == throughput.Case("a", {"model.moe.dispatcher": "index", "model.moe.capacity_factor": "1.0"})
-  assert cases[1].name == "remat=block"
-  config = throughput.apply_overrides(_tiny_config(), cases[0].overrides | {"model.moe.enabled": "false"})
+  parsed = cases.parse_cases("a:model.moe.dispatcher=index,model.moe.capacity_factor=1.0; model.remat=block")
+  assert parsed[0] == cases.Case("a", {"model.moe.dispatcher": "index", "model.moe.capacity_factor": "1.0"})
+  assert parsed[1].name == "remat=block"
+  config = cases.apply_overrides(_tiny_config(), parsed[0].overrides | {"model.moe.enabled": "false"})
   assert config.model.moe.capacity_factor == 1.0 and config.model.moe.enabled is False
   with pytest.raises(ValueError, match="no key"):
-    throughput.apply_overrides(_tiny_config(), {"model.moe.capacity": "1"})
+    cases.apply_overrides(_tiny_config(), {"model.moe.capacity": "1"})
   with pytest.raises(ValueError, match="unique"):
-    throughput.parse_cases("dense:model.moe.enabled=false")
+    cases.parse_cases("dense:model.moe.enabled=false")
   assert throughput.peak_flops_per_s("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12
   assert throughput.peak_flops_per_s("NVIDIA H100 PCIe", "float32") == 378e12
   assert throughput.peak_flops_per_s("cpu", "bfloat16") is None
@@ -138,9 +138,9 @@ def test_loss_agreement_same_init_and_float32_dispatchers_agree():
 
   config = _tiny_config(num_layers=1, sublayers=1)
   config.model.vocab_size = 0  # the synthetic language's
-  runs = [throughput.Case("index_fp32", {"model.moe.dispatcher": "index"}),
-          throughput.Case("one_hot_fp32", {"model.moe.dispatcher": "one_hot"}),
-          throughput.Case("index_bf16", {"model.moe.dispatcher": "index", "model.dtype": "bfloat16"})]
+  runs = [cases.Case("index_fp32", {"model.moe.dispatcher": "index"}),
+          cases.Case("one_hot_fp32", {"model.moe.dispatcher": "one_hot"}),
+          cases.Case("index_bf16", {"model.moe.dispatcher": "index", "model.dtype": "bfloat16"})]
   rows = loss_agreement.compare(config, runs, steps=5)
   assert all(r["same_init"] for r in rows)
   assert rows[0]["max_abs_diff_loss"] == 0.0

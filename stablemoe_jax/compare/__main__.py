@@ -14,7 +14,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from stablemoe_jax import cli
-from stablemoe_jax.compare import report, runner, sweep
+from stablemoe_jax.compare import report, runner, sweep, sweep_report
 from stablemoe_jax.experiment.config_validation import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config with a compare section, e.g. "
@@ -35,11 +35,11 @@ def main(argv: list[str]) -> None:
   train = not config.compare.get("report_only", False)
   if sweep.parse_grid(config) is not None:  # each method at its best: a grid, the choice, seeds at the choice
     result = sweep.run_sweep(config, _WORKDIR.value, train=train)
-    rows = report.write_sweep_reports(config, result, _WORKDIR.value)
+    rows = sweep_report.write_sweep_reports(config, result, _WORKDIR.value)
     labels = {name: name for name in result["grid"]}
-    print(report.grid_table(result, labels))
+    print(sweep_report.grid_table(result, labels))
     if rows:
-      print(report.markdown_table(rows, report.SWEEP_COLUMNS))
+      print(report.markdown_table(rows, sweep_report.SWEEP_COLUMNS))
     print(f"wrote {_WORKDIR.value}/comparison.md and comparison.json", flush=True)
     return
   records = runner.run_all(config, _WORKDIR.value, train=train)

@@ -1,5 +1,6 @@
 """comparison.json, comparison.md (the paper's Table 3), convergence.png (Figure 5) and fluctuation.png (Figure 2)
-from the runs' records."""
+from the runs' records: the method rows, the table's columns and its notes. The tuned comparison's report (its grid,
+choices and the rows at each choice) is ``sweep_report.py``, built from these."""
 from __future__ import annotations
 
 import json
@@ -9,9 +10,8 @@ from typing import Callable
 import numpy as np
 
 from stablemoe_jax.compare import paired
+from stablemoe_jax.compare.figures import device_counts, write_convergence_plot, write_fluctuation_plot
 from stablemoe_jax.train import health as health_lib
-from stablemoe_jax.compare.figures import (device_counts, write_convergence_plot, write_fluctuation_plot,
-                                          write_token_plot)
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -141,7 +141,7 @@ def _device_label(summary: dict) -> str:
   return f"{device['count']} x {device['kind']}" if device else "unrecorded"
 
 
-def _devices_note(rows: list[dict]) -> str:
+def devices_note(rows: list[dict]) -> str:
   """Where the runs trained: tokens/s and wall time compare like with like only on one kind of device."""
   counts = device_counts(rows)
   where = ", ".join(f"{label} ({n} run{'s' if n > 1 else ''})" for label, n in sorted(counts.items()))
@@ -228,7 +228,7 @@ def markdown_table(rows: list[dict], columns=None) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _budget_note(config, rows: list[dict]) -> str:
+def budget_note(config, rows: list[dict]) -> str:
   train = config.train
   seeds = config.compare.seeds
   eval_mode = rows[0]["eval"] or {}
@@ -252,7 +252,7 @@ def _budget_note(config, rows: list[dict]) -> str:
           f"for training last changed after 50% (80%) of the steps (routing fluctuation, the paper's Figures 2 and 8).\n")
 
 
-def _health_note(rows: list[dict]) -> str:
+def health_note(rows: list[dict]) -> str:
   note = ("Router health (docs/router_health.md): mean gate, share of gates < 0.01, load balance (load entropy / "
           "ln N), largest expert's load and dropped tokens are the last logged training window's, of the run's worst "
           "MoE layer, mean over seeds; valid PPL increase without the layer: validation perplexity with that layer's "
@@ -297,107 +297,8 @@ def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[di
   (workdir / "comparison.json").write_text(json.dumps(
       {"config": json.loads(config.to_json_best_effort()), "methods": rows, "runs": records}, indent=2))
   (workdir / "comparison.md").write_text(
-      "# Comparison\n\n" + _budget_note(config, rows) + _devices_note(rows) + "\n" + markdown_table(rows) + "\n"
-      + _health_note(rows) + paired_section(records, {r["method"]: r["label"] for r in rows}, pairs_of(config))
+      "# Comparison\n\n" + budget_note(config, rows) + devices_note(rows) + "\n" + markdown_table(rows) + "\n"
+      + health_note(rows) + paired_section(records, {r["method"]: r["label"] for r in rows}, pairs_of(config))
       + write_convergence_plot(rows, workdir / "convergence.png")
       + write_fluctuation_plot(rows, workdir / "fluctuation.png"))
-  return rows
-
-
-# --- the tuned comparison (compare/sweep.py) ----------------------------------------------------------------------
-
-def _grid_cell(cell: dict, rejected: dict[str, list]) -> str:
-  """``rejected``: {setting name: seeds whose layer died there} of the method's rejected choices."""
-  if not cell.get("in_grid", True):
-    return "·"
-  if cell["valid_ppl"] is None and cell["status"].startswith("the method's one setting"):
-    return "its setting"
-  if cell["valid_ppl"] is None:
-    return "--"
-  name = cell["setting"]["name"]
-  worth = "" if cell.get("contribution") is None else f" {cell['contribution']:+.1%}"
-  mark = "" if cell["alive"] else " DEAD"
-  if name in rejected:
-    mark = f" (DEAD in seed {', '.join(str(k) for k in rejected[name])})"
-  return f"{cell['valid_ppl']:.2f}{worth}{mark}"
-
-
-def _rejected(choice: dict | None) -> dict[str, list]:
-  return {r["name"]: r["dead_seeds"] for r in (choice or {}).get("rejected", [])}
-
-
-def _choice_cell(choice: dict | None) -> str:
-  if choice is None:
-    return "grid not finished"
-  if choice.get("fixed"):
-    return f"lr {choice['learning_rate']:g}, warmup {choice['warmup_steps']} (its one setting)"
-  return f"lr {choice['learning_rate']:g}, warmup {choice['warmup_steps']}" + (
-      " (every setting dead)" if choice["every_setting_dead"] else "")
-
-
-def grid_table(result: dict, labels: dict[str, str]) -> str:
-  """Every method's grid: valid PPL and what the layer is worth (valid PPL increase without it) per (lr, warmup)
-  setting, DEAD where the verdict finds a layer dead (in the grid's run, or in a seed of a choice, which was then
-  rejected), its choice."""
-  settings = result["settings"]
-  lines = ["| method | " + " | ".join(f"lr {s['learning_rate']:g}, warmup {s['warmup_steps']}" for s in settings)
-           + " | choice |", "|" + "---|" * (len(settings) + 2)]
-  for name, cells in result["grid"].items():
-    choice = result["choices"].get(name)
-    lines.append(f"| {labels.get(name, name)} | " + " | ".join(_grid_cell(c, _rejected(choice)) for c in cells)
-                 + " | " + _choice_cell(choice) + " |")
-  return "\n".join(lines) + "\n"
-
-
-def rejected_note(result: dict, labels: dict[str, str]) -> str:
-  """One line per choice rejected because a seed's layer died there: its seeds' valid PPL ("" if none)."""
-  lines = []
-  for name, choice in result["choices"].items():
-    for r in (choice or {}).get("rejected", []):
-      seeds = ", ".join(f"seed {k}: {ppl:.2f}{' (DEAD)' if int(k) in r['dead_seeds'] else ''}"
-                        for k, ppl in sorted(r["valid_ppl"].items(), key=lambda kv: int(kv[0])))
-      lines.append(f"- {labels.get(name, name)}: lr {r['learning_rate']:g}, warmup {r['warmup_steps']} rejected "
-                   f"({seeds}).")
-  if not lines:
-    return ""
-  return ("Choices rejected because the layer died in one of their seeds (seeds after the first dead one are "
-          "not needed):\n\n" + "\n".join(lines) + "\n")
-
-
-SWEEP_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
-    COLUMNS[0], ("chosen lr / warmup", lambda r: f"{r['setting']['learning_rate']:g} / {r['setting']['warmup_steps']}"),
-    ("seeds", lambda r: str(len(r["seeds"]))), *COLUMNS[1:]]
-
-
-def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dict]:
-  """DIR/comparison.{json,md} (and convergence.png, fluctuation.png once a method has seeded runs) for a tuned
-  comparison."""
-  from stablemoe_jax.compare.methods import METHODS  # pylint: disable=import-outside-toplevel
-  workdir = pathlib.Path(workdir)
-  rows = method_rows(result["records"]) if result["records"] else []
-  for row in rows:
-    row["setting"] = result["records"][[r["method"] for r in result["records"]].index(row["method"])]["setting"]
-  labels = {name: METHODS[name].label for name in result["grid"]}
-  (workdir / "comparison.json").write_text(json.dumps(
-      {"config": json.loads(config.to_json_best_effort()), "selection_steps": result["selection_steps"],
-       "settings": result["settings"], "grid": result["grid"], "choices": result["choices"], "methods": rows,
-       "runs": result["records"]}, indent=2))
-  train = config.train
-  selection = result["selection_steps"]
-  text = ["# Tuned comparison\n",
-          f"Each method's learning rate and warmup chosen on validation perplexity from the grid below (one run "
-          f"each, seed {config.seed}, {selection} steps{'' if selection == train.steps else ' (a shorter selection budget)'}"
-          f"); a setting whose MoE layer the health verdict finds dead (DEAD: removing it costs < 1% of valid "
-          f"PPL, or two experts take > 90% of the tokens) is not eligible. Then {config.compare.seeds} new seed(s) at "
-          f"the choice (seeds {config.seed + 1}-{config.seed + config.compare.seeds}): the reported runs; the "
-          f"selecting seed is never reported. A choice whose layer dies in a reported seed is rejected and the next "
-          f"live setting chosen.\n", "## The grid (seed-0 valid PPL, and the valid PPL increase without the MoE "
-          "layer)\n", grid_table(result, labels), rejected_note(result, labels)]
-  if rows:
-    text += ["## At each method's choice\n", _budget_note(config, rows), _devices_note(rows),
-             markdown_table(rows, SWEEP_COLUMNS), _health_note(rows), paired_section(result["records"], labels, pairs_of(config)),
-             write_token_plot(rows, workdir / "validation_tokens.png"),
-             write_convergence_plot(rows, workdir / "convergence.png"),
-             write_fluctuation_plot(rows, workdir / "fluctuation.png")]
-  (workdir / "comparison.md").write_text("\n".join(text))
   return rows

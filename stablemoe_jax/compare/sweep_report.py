@@ -1,0 +1,109 @@
+"""The tuned comparison's report (``compare/sweep.py``): comparison.{json,md} with every method's grid (valid PPL and
+what the layer is worth per setting), its choice, the choices rejected for a dead seed, and the table of the runs at
+each choice (``report.py``'s rows, columns and notes, with the chosen setting and the seed count)."""
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Callable
+
+from stablemoe_jax.compare.figures import write_convergence_plot, write_fluctuation_plot, write_token_plot
+from stablemoe_jax.compare.report import (COLUMNS, budget_note, devices_note, health_note, markdown_table, method_rows,
+                                          paired_section, pairs_of)
+
+
+def _grid_cell(cell: dict, rejected: dict[str, list]) -> str:
+  """``rejected``: {setting name: seeds whose layer died there} of the method's rejected choices."""
+  if not cell.get("in_grid", True):
+    return "·"
+  if cell["valid_ppl"] is None and cell["status"].startswith("the method's one setting"):
+    return "its setting"
+  if cell["valid_ppl"] is None:
+    return "--"
+  name = cell["setting"]["name"]
+  worth = "" if cell.get("contribution") is None else f" {cell['contribution']:+.1%}"
+  mark = "" if cell["alive"] else " DEAD"
+  if name in rejected:
+    mark = f" (DEAD in seed {', '.join(str(k) for k in rejected[name])})"
+  return f"{cell['valid_ppl']:.2f}{worth}{mark}"
+
+
+def _rejected(choice: dict | None) -> dict[str, list]:
+  return {r["name"]: r["dead_seeds"] for r in (choice or {}).get("rejected", [])}
+
+
+def _choice_cell(choice: dict | None) -> str:
+  if choice is None:
+    return "grid not finished"
+  if choice.get("fixed"):
+    return f"lr {choice['learning_rate']:g}, warmup {choice['warmup_steps']} (its one setting)"
+  return f"lr {choice['learning_rate']:g}, warmup {choice['warmup_steps']}" + (
+      " (every setting dead)" if choice["every_setting_dead"] else "")
+
+
+def grid_table(result: dict, labels: dict[str, str]) -> str:
+  """Every method's grid: valid PPL and what the layer is worth (valid PPL increase without it) per (lr, warmup)
+  setting, DEAD where the verdict finds a layer dead (in the grid's run, or in a seed of a choice, which was then
+  rejected), its choice."""
+  settings = result["settings"]
+  lines = ["| method | " + " | ".join(f"lr {s['learning_rate']:g}, warmup {s['warmup_steps']}" for s in settings)
+           + " | choice |", "|" + "---|" * (len(settings) + 2)]
+  for name, cells in result["grid"].items():
+    choice = result["choices"].get(name)
+    lines.append(f"| {labels.get(name, name)} | " + " | ".join(_grid_cell(c, _rejected(choice)) for c in cells)
+                 + " | " + _choice_cell(choice) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def rejected_note(result: dict, labels: dict[str, str]) -> str:
+  """One line per choice rejected because a seed's layer died there: its seeds' valid PPL ("" if none)."""
+  lines = []
+  for name, choice in result["choices"].items():
+    for r in (choice or {}).get("rejected", []):
+      seeds = ", ".join(f"seed {k}: {ppl:.2f}{' (DEAD)' if int(k) in r['dead_seeds'] else ''}"
+                        for k, ppl in sorted(r["valid_ppl"].items(), key=lambda kv: int(kv[0])))
+      lines.append(f"- {labels.get(name, name)}: lr {r['learning_rate']:g}, warmup {r['warmup_steps']} rejected "
+                   f"({seeds}).")
+  if not lines:
+    return ""
+  return ("Choices rejected because the layer died in one of their seeds (seeds after the first dead one are "
+          "not needed):\n\n" + "\n".join(lines) + "\n")
+
+
+SWEEP_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
+    COLUMNS[0], ("chosen lr / warmup", lambda r: f"{r['setting']['learning_rate']:g} / {r['setting']['warmup_steps']}"),
+    ("seeds", lambda r: str(len(r["seeds"]))), *COLUMNS[1:]]
+
+
+def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dict]:
+  """DIR/comparison.{json,md} (and convergence.png, fluctuation.png once a method has seeded runs) for a tuned
+  comparison."""
+  from stablemoe_jax.compare.methods import METHODS  # pylint: disable=import-outside-toplevel
+  workdir = pathlib.Path(workdir)
+  rows = method_rows(result["records"]) if result["records"] else []
+  for row in rows:
+    row["setting"] = result["records"][[r["method"] for r in result["records"]].index(row["method"])]["setting"]
+  labels = {name: METHODS[name].label for name in result["grid"]}
+  (workdir / "comparison.json").write_text(json.dumps(
+      {"config": json.loads(config.to_json_best_effort()), "selection_steps": result["selection_steps"],
+       "settings": result["settings"], "grid": result["grid"], "choices": result["choices"], "methods": rows,
+       "runs": result["records"]}, indent=2))
+  train = config.train
+  selection = result["selection_steps"]
+  text = ["# Tuned comparison\n",
+          f"Each method's learning rate and warmup chosen on validation perplexity from the grid below (one run "
+          f"each, seed {config.seed}, {selection} steps{'' if selection == train.steps else ' (a shorter selection budget)'}"
+          f"); a setting whose MoE layer the health verdict finds dead (DEAD: removing it costs < 1% of valid "
+          f"PPL, or two experts take > 90% of the tokens) is not eligible. Then {config.compare.seeds} new seed(s) at "
+          f"the choice (seeds {config.seed + 1}-{config.seed + config.compare.seeds}): the reported runs; the "
+          f"selecting seed is never reported. A choice whose layer dies in a reported seed is rejected and the next "
+          f"live setting chosen.\n", "## The grid (seed-0 valid PPL, and the valid PPL increase without the MoE "
+          "layer)\n", grid_table(result, labels), rejected_note(result, labels)]
+  if rows:
+    text += ["## At each method's choice\n", budget_note(config, rows), devices_note(rows),
+             markdown_table(rows, SWEEP_COLUMNS), health_note(rows), paired_section(result["records"], labels, pairs_of(config)),
+             write_token_plot(rows, workdir / "validation_tokens.png"),
+             write_convergence_plot(rows, workdir / "convergence.png"),
+             write_fluctuation_plot(rows, workdir / "fluctuation.png")]
+  (workdir / "comparison.md").write_text("\n".join(text))
+  return rows

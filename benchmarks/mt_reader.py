@@ -31,6 +31,7 @@ import numpy as np
 from benchmarks.json_lines import JsonLines
 from stablemoe_jax.data.prepare import lm as prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
+from stablemoe_jax.data.translation import batches as batch_lib
 from stablemoe_jax.data.translation import pipeline as data_lib
 
 
@@ -47,15 +48,15 @@ def write_npz(record_sets, directory: pathlib.Path) -> None:
   directory.mkdir(parents=True, exist_ok=True)
   for s in record_sets:
     rows = s.pairs(range(len(s)))
-    data_lib._save_set(directory, data_lib.EncodedSet(s.pair, s.name, *data_lib._flatten([r[0] for r in rows]),
-                                                      *data_lib._flatten([r[1] for r in rows])))
+    data_lib._save_set(directory, batch_lib.EncodedSet(s.pair, s.name, *batch_lib._flatten([r[0] for r in rows]),
+                                                      *batch_lib._flatten([r[1] for r in rows])))
 
 
 def time_round(sets, config, batches: int) -> tuple[float, int, list]:
   """(seconds, target tokens, the first 3 batches) of `batches` batches after one warm-up batch."""
   train = config.train
-  buckets = data_lib.length_buckets(config.data.get('length_buckets', 1), train.seq_len)
-  it = data_lib.MixedPairIterator(sets, train.batch_size, train.seq_len, config.seed, config.data.sampling_temperature,
+  buckets = batch_lib.length_buckets(config.data.get('length_buckets', 1), train.seq_len)
+  it = batch_lib.MixedPairIterator(sets, train.batch_size, train.seq_len, config.seed, config.data.sampling_temperature,
                                   length_buckets=buckets)
   first = [next(it)]
   tokens = 0
@@ -101,21 +102,21 @@ def time_make_rows(sets, config, batches: int, rounds: int, gpu_tokens_per_s: fl
   """make_rows (NumPy, on the iterator's `Picks`; also on (set, index) pairs, as evaluation calls it) against the
   per-row loop (on the pairs the old draw built) on the same `batches` drawn batches; the whole iterator's rows/s."""
   train = config.train
-  buckets = data_lib.length_buckets(config.data.get('length_buckets', 1), train.seq_len)
-  make = lambda: data_lib.MixedPairIterator(sets, train.batch_size, train.seq_len, config.seed,
+  buckets = batch_lib.length_buckets(config.data.get('length_buckets', 1), train.seq_len)
+  make = lambda: batch_lib.MixedPairIterator(sets, train.batch_size, train.seq_len, config.seed,
                                             config.data.sampling_temperature, length_buckets=buckets)
   it = make()
   draws = [it.draw() for _ in range(batches)]
   rows = sum(len(picks) for picks, _ in draws)
   loop, loop_draw = _loop_reference()
   for picks, length in draws:
-    new, old = data_lib.make_rows(picks, len(picks), length), loop(picks.pairs(), len(picks), length)
+    new, old = batch_lib.make_rows(picks, len(picks), length), loop(picks.pairs(), len(picks), length)
     for key in old:
       np.testing.assert_array_equal(new[key], old[key])
-  numpy_s = _best(data_lib.make_rows, [(p, len(p), n) for p, n in draws], rounds)
+  numpy_s = _best(batch_lib.make_rows, [(p, len(p), n) for p, n in draws], rounds)
   pairs = [(picks.pairs(), len(picks), length) for picks, length in draws]  # the loop's input: the old draw's
   loop_s = _best(loop, pairs, rounds)
-  from_pairs_s = _best(data_lib.make_rows, pairs, rounds)
+  from_pairs_s = _best(batch_lib.make_rows, pairs, rounds)
   batch_numbers = [(k,) for k in range(batches)]  # the drawn batches again
   draw_s = _best(lambda k: it.set_state({'batches': k}) or it.draw(), batch_numbers, rounds)
   iterator_s = _best(lambda k: it.set_state({'batches': k}) or next(it), batch_numbers, rounds)

@@ -15,8 +15,10 @@ from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.prepare import lm as prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
+from stablemoe_jax.data.translation import batches as batch_lib
 from stablemoe_jax.data.translation import corpora as parallel
 from stablemoe_jax.data.translation import pipeline as data_lib
+from stablemoe_jax.data.translation.joint_tokenizer import EOS_ID
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 
 OPTIONS = prepare.Options(shard_pairs=150, batch_lines=64, workers=0, progress=False)
@@ -93,7 +95,7 @@ def test_files_config_prepares_every_pair_and_set_as_the_files_hold_them(prepare
       got = data.sets[pair][name]
       assert len(got) == len(sources) == len(targets)
       for i in range(0, len(got), 7):
-        np.testing.assert_array_equal(got.source(i), [tag, *tokenizer.encode(sources[i]), data_lib.EOS_ID])
+        np.testing.assert_array_equal(got.source(i), [tag, *tokenizer.encode(sources[i]), EOS_ID])
         np.testing.assert_array_equal(got.target(i), tokenizer.encode(targets[i]))
       if name != "train":
         assert data.raw_text(pair, name) == (sources, targets)
@@ -205,7 +207,7 @@ def test_a_lone_carriage_return_stays_inside_its_line_in_both_paths(tmp_path):
   prepare_translation.prepare(config.data, prepared_dir, OPTIONS)
   data = data_lib.load_translation_data(config.data, prepared_dir)
   for name, ps in raw.items():
-    expected = data_lib.encode_set(data.tokenizer, ps)
+    expected = batch_lib.encode_set(data.tokenizer, ps)
     got = data.sets["de-en"][name]
     assert len(got) == len(expected)
     for i in range(len(got)):

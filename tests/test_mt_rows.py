@@ -11,7 +11,7 @@ import pytest
 from mt_fixtures import multi30k_lines
 
 from stablemoe_jax.core.constants import PAD_ID
-from stablemoe_jax.data.translation import pipeline as data_lib
+from stablemoe_jax.data.translation import batches as batch_lib
 from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID
 from stablemoe_jax.data.translation.pair_records import RecordSet, write_pairs
 
@@ -45,7 +45,7 @@ def loop_make_rows(sets_and_indices, rows: int, max_len: int) -> dict:
   return {"source": source, "decoder_inputs": decoder_inputs, "targets": targets, "weights": weights}
 
 
-def loop_draw(iterator: data_lib.MixedPairIterator) -> tuple[list, int]:
+def loop_draw(iterator: batch_lib.MixedPairIterator) -> tuple[list, int]:
   """``MixedPairIterator.draw`` before issue 40 (one ``rng.integers`` call per row); advances ``iterator``."""
   it = iterator
   rng = np.random.default_rng([it._seed, it._batches])
@@ -72,7 +72,7 @@ def _encode(lines: list[str], table: dict) -> list[list[int]]:
 
 def _encoded_set(pair: str, name: str, sources: list[list[int]], targets: list[list[int]], tag: int):
   sources = [[tag] + s + [EOS_ID] for s in sources]
-  return data_lib.EncodedSet(pair, name, *data_lib._flatten(sources), *data_lib._flatten(targets))
+  return batch_lib.EncodedSet(pair, name, *batch_lib._flatten(sources), *batch_lib._flatten(targets))
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +99,8 @@ def test_training_batches_equal_the_loop_on_multi30k(multi30k_sets, reader):
   sets = multi30k_sets[0 if reader == "npz" else 1]
   # configs/mt_paper.py's three buckets at a smaller scale (Multi30k's short sentences fill all three): 64 / 32 /
   # 16 rows of 12 / 24 / 48 positions, this process's half of them.
-  make = lambda: data_lib.MixedPairIterator(sets, 16, 48, seed=3, temperature=5.0, shard_index=1, shard_count=2,
-                                            length_buckets=data_lib.length_buckets(3, 48))
+  make = lambda: batch_lib.MixedPairIterator(sets, 16, 48, seed=3, temperature=5.0, shard_index=1, shard_count=2,
+                                            length_buckets=batch_lib.length_buckets(3, 48))
   it, reference = make(), make()
   lengths = set()
   for _ in range(20):
@@ -108,7 +108,7 @@ def test_training_batches_equal_the_loop_on_multi30k(multi30k_sets, reader):
     old_picks, old_length = loop_draw(reference)
     assert length == old_length and [(id(s), i) for s, i in picks.pairs()] == [(id(s), i) for s, i in old_picks]
     lengths.add(length)
-    assert_same(data_lib.make_rows(picks, len(picks), length), loop_make_rows(old_picks, len(old_picks), length))
+    assert_same(batch_lib.make_rows(picks, len(picks), length), loop_make_rows(old_picks, len(old_picks), length))
   assert lengths == {12, 24, 48}
   again = make()
   again.set_state({"batches": 19})
@@ -120,7 +120,7 @@ def test_training_batches_equal_the_loop_on_multi30k(multi30k_sets, reader):
 def test_eval_batches_equal_the_loop_on_multi30k(multi30k_sets):
   sets = multi30k_sets[0]
   picks = [(s, int(i)) for s in sets for i in s.fitting(32)]
-  batches = list(data_lib.eval_batches(sets, 100, 32))
+  batches = list(batch_lib.eval_batches(sets, 100, 32))
   assert len(batches) == -(-len(picks) // 100)
   for k, batch in enumerate(batches):  # the last batch ends in all-padding rows
     assert_same(batch, loop_make_rows(picks[k * 100:(k + 1) * 100], 100, 32))
@@ -138,12 +138,12 @@ def test_edge_cases_equal_the_loop():
       ([(b, 0), (a, 1)], 5),
   ]
   for picks, rows in cases:
-    assert_same(data_lib.make_rows(picks, rows, max_len), loop_make_rows(picks, rows, max_len))
-    assert_same(data_lib.make_rows(data_lib.Picks.from_pairs(picks), rows, max_len),
+    assert_same(batch_lib.make_rows(picks, rows, max_len), loop_make_rows(picks, rows, max_len))
+    assert_same(batch_lib.make_rows(batch_lib.Picks.from_pairs(picks), rows, max_len),
                 loop_make_rows(picks, rows, max_len))
   with pytest.raises(ValueError, match="does not fit 7 positions"):
-    data_lib.make_rows([(a, 0), (a, 2)], 2, 7)
-  batch = data_lib.make_rows([(a, 1)], 1, max_len)  # spelled out once
+    batch_lib.make_rows([(a, 0), (a, 2)], 2, 7)
+  batch = batch_lib.make_rows([(a, 1)], 1, max_len)  # spelled out once
   np.testing.assert_array_equal(batch["source"][0], [3, EOS_ID, 0, 0, 0, 0, 0, 0])
   np.testing.assert_array_equal(batch["decoder_inputs"][0], [BOS_ID, 0, 0, 0, 0, 0, 0, 0])
   np.testing.assert_array_equal(batch["targets"][0], [EOS_ID, 0, 0, 0, 0, 0, 0, 0])

@@ -10,6 +10,7 @@ from mt_fixtures import make_tiny_mt_config, write_small_corpora
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.prepare import lm as prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
+from stablemoe_jax.data.translation import batches as batch_lib
 from stablemoe_jax.data.translation import corpora as parallel
 from stablemoe_jax.data.translation import pair_records
 from stablemoe_jax.data.translation import pipeline as data_lib
@@ -47,7 +48,7 @@ def test_records_hold_every_pair(sets):
 
 def test_record_batches_equal_in_memory_batches_and_resume_exactly(sets):
   config, in_memory, on_disk = sets
-  make = lambda s: data_lib.MixedPairIterator(s, config.train.batch_size, config.train.seq_len, seed=3,
+  make = lambda s: batch_lib.MixedPairIterator(s, config.train.batch_size, config.train.seq_len, seed=3,
                                               temperature=5.0)
   expected = _batches(make(in_memory), 6)
   reader = make(on_disk)
@@ -108,7 +109,7 @@ def test_prepared_records_are_the_pairs_encoded_as_main_encodes_them(prepared):
                            ("de-en", "fr-en", "cs-en", "es-en"), ("Ruth",), ("Jonah",))
   for pair, named in raw.items():
     for name, ps in named.items():
-      expected, got = data_lib.encode_set(data.tokenizer, ps), data.sets[pair][name]
+      expected, got = batch_lib.encode_set(data.tokenizer, ps), data.sets[pair][name]
       assert len(got) == len(expected) > 0
       if name == "train":
         assert isinstance(got, pair_records.RecordSet) and len(got.paths) == -(-len(expected) // 700)
@@ -116,7 +117,7 @@ def test_prepared_records_are_the_pairs_encoded_as_main_encodes_them(prepared):
         np.testing.assert_array_equal(got.source(i), expected.source(i))
         np.testing.assert_array_equal(got.target(i), expected.target(i))
   assert data.raw_text("de-en", "valid") == (list(raw["de-en"]["valid"].sources), list(raw["de-en"]["valid"].targets))
-  in_memory = {p: {n: data_lib.encode_set(data.tokenizer, ps) for n, ps in named.items()} for p, named in raw.items()}
+  in_memory = {p: {n: batch_lib.encode_set(data.tokenizer, ps) for n, ps in named.items()} for p, named in raw.items()}
   memory = data_lib.TranslationData(data.tokenizer, in_memory, data.directory)
   np.testing.assert_array_equal(data.train_token_counts(data.vocab_size), memory.train_token_counts(data.vocab_size))
   assert data.length_report(16) == memory.length_report(16)

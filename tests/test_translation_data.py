@@ -6,6 +6,7 @@ import pytest
 from mt_fixtures import make_tiny_mt_config, write_small_corpora
 
 from stablemoe_jax.core.errors import DataNotFoundError
+from stablemoe_jax.data.translation import batches as batch_lib
 from stablemoe_jax.data.translation import corpora as parallel
 from stablemoe_jax.data.translation import pipeline as data_lib
 from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID, UNK_ID
@@ -50,7 +51,7 @@ def test_sources_start_with_their_tag_and_special_ids_are_distinct(prepared):
     train = data.sets[pair]["train"]
     tag = tokenizer.tag_id(pair.split("-")[0])
     assert all(train.source(i)[0] == tag and train.source(i)[-1] == EOS_ID for i in range(20))
-  batch = next(iter(data_lib.eval_batches(data.split_sets("valid"), 4, 32)))
+  batch = next(iter(batch_lib.eval_batches(data.split_sets("valid"), 4, 32)))
   np.testing.assert_array_equal(batch["decoder_inputs"][:, 0], BOS_ID)
   shifted = np.where(batch["targets"][:, :-1] == EOS_ID, PAD_ID, batch["targets"][:, :-1])
   np.testing.assert_array_equal(batch["decoder_inputs"][:, 1:], shifted)  # the targets shifted by one, no eos
@@ -58,13 +59,13 @@ def test_sources_start_with_their_tag_and_special_ids_are_distinct(prepared):
 
 
 def test_mixing_weights_follow_the_temperature():
-  np.testing.assert_allclose(data_lib.mixing_weights([100, 300], 1.0), [0.25, 0.75])
-  np.testing.assert_allclose(data_lib.mixing_weights([100, 400], 2.0), [1 / 3, 2 / 3])
+  np.testing.assert_allclose(batch_lib.mixing_weights([100, 300], 1.0), [0.25, 0.75])
+  np.testing.assert_allclose(batch_lib.mixing_weights([100, 400], 2.0), [1 / 3, 2 / 3])
 
 
 def test_training_batches_resume_exactly_and_split_over_processes(prepared):
   config, _, data = prepared
-  make = lambda index=0, count=1: data_lib.MixedPairIterator(data.split_sets("train"), 8, 32, 0, 1.0, index, count)
+  make = lambda index=0, count=1: batch_lib.MixedPairIterator(data.split_sets("train"), 8, 32, 0, 1.0, index, count)
   first = make()
   batches = [next(first) for _ in range(3)]
   resumed = make()
@@ -94,23 +95,23 @@ def test_a_prepared_workdir_needs_no_raw_corpus(prepared):
 
 
 
-def _synthetic_set(pair: str, lengths: list[int], first_id: int = 10) -> data_lib.EncodedSet:
+def _synthetic_set(pair: str, lengths: list[int], first_id: int = 10) -> batch_lib.EncodedSet:
   """A set whose pair i has a source of lengths[i] ids and a target of lengths[i] - 1 ids, all ids first_id + i."""
   sources = [[first_id + i] * n for i, n in enumerate(lengths)]
   targets = [[first_id + i] * (n - 1) for i, n in enumerate(lengths)]
-  return data_lib.EncodedSet(pair, "train", *data_lib._flatten(sources), *data_lib._flatten(targets))
+  return batch_lib.EncodedSet(pair, "train", *batch_lib._flatten(sources), *batch_lib._flatten(targets))
 
 
 def test_length_buckets_halve_down_from_the_sequence_length():
-  assert data_lib.length_buckets(3, 64) == (16, 32, 64)
-  assert data_lib.length_buckets(1, 64) == (64,)
+  assert batch_lib.length_buckets(3, 64) == (16, 32, 64)
+  assert batch_lib.length_buckets(1, 64) == (64,)
   with pytest.raises(ValueError, match="length_buckets=4 needs train.seq_len=36"):
-    data_lib.length_buckets(4, 36)
+    batch_lib.length_buckets(4, 36)
 
 
 def test_one_bucket_draws_rows_as_the_documented_process():
   sets = [_synthetic_set("de-en", [3, 5, 9, 30]), _synthetic_set("es-en", [7, 20, 40])]
-  iterator = data_lib.MixedPairIterator(sets, 6, 32, seed=4, temperature=2.0)
+  iterator = batch_lib.MixedPairIterator(sets, 6, 32, seed=4, temperature=2.0)
   weights = np.sqrt([4.0, 2.0]) / np.sqrt([4.0, 2.0]).sum()  # es-en's 40 does not fit 32
   fits = [np.array([0, 1, 2, 3]), np.array([0, 1])]
   for t in range(3):
@@ -132,7 +133,7 @@ def test_length_buckets_keep_every_sentences_share_and_cut_padding():
   sets = [_synthetic_set("de-en", lengths["de-en"], 10), _synthetic_set("es-en", lengths["es-en"], 100)]
   size_of = {10 + i: n for i, n in enumerate(lengths["de-en"])} | {100 + i: n for i, n in enumerate(lengths["es-en"])}
   batch_size, max_len, batches = 4, 32, 6000
-  iterator = data_lib.MixedPairIterator(sets, batch_size, max_len, seed=0, temperature=1.0,
+  iterator = batch_lib.MixedPairIterator(sets, batch_size, max_len, seed=0, temperature=1.0,
                                         length_buckets=(8, 16, 32))
   rows_of = {first: 0 for first in size_of}
   shapes = set()

@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stablemoe_jax.core.constants import PAD_ID
 from stablemoe_jax.core.errors import require, require_parses
+from stablemoe_jax.data.translation import batches as batch_lib
 from stablemoe_jax.data.translation import files as parallel_files
 from stablemoe_jax.data.translation import pipeline as data_lib
 from stablemoe_jax.data.translation import wmt
@@ -34,7 +36,7 @@ def check_config(config) -> None:
     require_parses(wmt.parse_wmt_pairs, config.data.pairs)
   require(config.data.get("sampling_temperature", 1.0) > 0,
           f"data.sampling_temperature={config.data.get('sampling_temperature')} must be > 0 (1: proportional).")
-  require_parses(data_lib.length_buckets, config.data.get("length_buckets", 1), train.seq_len)
+  require_parses(batch_lib.length_buckets, config.data.get("length_buckets", 1), train.seq_len)
   require(0.0 <= train.get("label_smoothing", 0.0) < 1.0,
           f"train.label_smoothing={train.get('label_smoothing')} must lie in [0, 1).")
   require(config.eval.get("max_sentences", 0) >= 0,
@@ -99,13 +101,13 @@ class TranslationTask:
 
   def train_iterator(self, data, config, shard_index: int, shard_count: int):
     train = config.train
-    buckets = data_lib.length_buckets(config.data.get("length_buckets", 1), train.seq_len)
-    return data_lib.MixedPairIterator(data.split_sets("train"), train.batch_size, train.seq_len, config.seed,
+    buckets = batch_lib.length_buckets(config.data.get("length_buckets", 1), train.seq_len)
+    return batch_lib.MixedPairIterator(data.split_sets("train"), train.batch_size, train.seq_len, config.seed,
                                       config.data.sampling_temperature, shard_index, shard_count, buckets)
 
   def eval_batches(self, data, config, split: str, stride: int = 0):
     del stride  # sentences are scored whole
-    return data_lib.eval_batches(data.split_sets(split), config.eval.batch_size, config.eval.seq_len,
+    return batch_lib.eval_batches(data.split_sets(split), config.eval.batch_size, config.eval.seq_len,
                                  config.eval.get("max_sentences", 0))
 
   def routing_sample(self, data, config, rows: int):
@@ -113,13 +115,13 @@ class TranslationTask:
     is in the sample); fewer fitting pairs than ``rows`` leave padding rows, which no report counts."""
     fitting = [[(s, int(i)) for i in s.fitting(config.train.seq_len)] for s in data.split_sets("valid")]
     picks = [p for group in itertools.zip_longest(*fitting) for p in group if p is not None][:rows]
-    return data_lib.make_rows(picks, rows, config.train.seq_len)
+    return batch_lib.make_rows(picks, rows, config.train.seq_len)
 
   def routing_tokens(self, layer, batch):
     """Encoder layers route the source, decoder layers the decoder inputs (bos + target); pad is no token."""
     if layer.startswith("encoder"):
       source = np.asarray(batch["source"])
-      return source, source != data_lib.PAD_ID
+      return source, source != PAD_ID
     return np.asarray(batch["decoder_inputs"]), np.asarray(batch["weights"]) > 0
 
   def train_token_counts(self, data, vocab_size: int) -> np.ndarray:
@@ -134,7 +136,7 @@ class TranslationTask:
     cfg = experiment.config
     report = data_lib.write_length_report(experiment.data, experiment.workdir / "data", cfg.train.seq_len,
                                           cfg.eval.seq_len)
-    weights = data_lib.MixedPairIterator(experiment.data.split_sets("train"), cfg.train.batch_size,
+    weights = batch_lib.MixedPairIterator(experiment.data.split_sets("train"), cfg.train.batch_size,
                                          cfg.train.seq_len, cfg.seed, cfg.data.sampling_temperature).weights
     return {"bleu": bleu_report(cfg, experiment.data, params, split, mesh=experiment.mesh), "pair_weights": weights,
             "over_length": report}

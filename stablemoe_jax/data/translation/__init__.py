@@ -3,5 +3,5 @@
     pipeline.load_translation_data
       -> corpora (Multi30k, the Bible) | files (your own files) | wmt (the paper's TFDS WMT pairs)
       -> joint_tokenizer (one sentencepiece model, language tags) -> pair_records (prepared pair shards)
-      -> pipeline (EncodedSet, mixed-pair train batches in length buckets, eval batches)
+      -> batches (EncodedSet, mixed-pair train batches in length buckets, eval batches)
 """

@@ -4,7 +4,7 @@ Record i of a set's file is pair i, little-endian int32:
 
     [len(source), *source, *target]
 
-where source = ``[__xx__] + ids + [eos]`` and target = the bare ids (as in ``translation.EncodedSet``).
+where source = ``[__xx__] + ids + [eos]`` and target = the bare ids (as in ``batches.EncodedSet``).
 The file is written with group_size:1 (one record per chunk, so reading pair i decodes pair i only), under
 ``NAME.tmp.PID`` and then renamed into place. The reader keeps the per-pair lengths (two int32 [n]
 arrays, 8 bytes a pair) in memory, nothing else: a batch reads its B pairs from disk.
@@ -61,7 +61,7 @@ def copy_segments(out: np.ndarray, out_starts: np.ndarray, ids: np.ndarray, star
 
 class RecordSet:
   """One named set of one pair read from its array_record files (its shards, in order); the interface of
-  ``translation.EncodedSet`` that training needs (``len``, ``source(i)``, ``target(i)``, ``pairs(indices)``,
+  ``batches.EncodedSet`` that training needs (``len``, ``source(i)``, ``target(i)``, ``pairs(indices)``,
   ``fitting(max_len)``).
 
   Memory: the per-pair lengths (int32 [n] twice) and the shards' first indices.

@@ -1,0 +1,261 @@
+"""Translation batches from encoded sets: mixed-pair training rows in length buckets, and evaluation batches.
+
+A source is ``[__xx__] + ids + [eos]``; the decoder input ``[bos] + target ids``; the targets ``target ids +
+[eos]``. Every batch has fixed shapes: ``source``, ``decoder_inputs``, ``targets`` int32 [B, L] and ``weights``
+float32 [B, L] (1 at scored target positions), pad id 0, with L = ``train.seq_len`` (``eval.seq_len``).
+A pair whose source or target does not fit L is never trained on or scored. ``pipeline.py`` prepares and loads the
+encoded sets these batches are drawn from.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import numpy as np
+
+from stablemoe_jax.core.constants import PAD_ID
+from stablemoe_jax.data.translation import corpora as parallel
+from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID, JointSentencePiece
+from stablemoe_jax.data.translation.pair_records import Segments, copy_segments, fitting_pairs
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass
+class EncodedSet:
+  """One named set of one pair, encoded: source i is ``source_ids[source_offsets[i]:source_offsets[i + 1]]``.
+
+  Sources include the language tag and eos; targets are the bare ids (no bos, no eos).
+  """
+
+  pair: str
+  name: str
+  source_ids: np.ndarray  # int32 [total source tokens]
+  source_offsets: np.ndarray  # int64 [n + 1]
+  target_ids: np.ndarray
+  target_offsets: np.ndarray
+
+  def __len__(self) -> int:
+    return len(self.source_offsets) - 1
+
+  def source(self, i: int) -> np.ndarray:
+    return self.source_ids[self.source_offsets[i]:self.source_offsets[i + 1]]
+
+  def target(self, i: int) -> np.ndarray:
+    return self.target_ids[self.target_offsets[i]:self.target_offsets[i + 1]]
+
+  def pairs(self, indices) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(source, target) ids of each pair in ``indices``."""
+    return [(self.source(i), self.target(i)) for i in indices]
+
+  def segments(self, indices) -> Segments:
+    """Where the pairs of ``indices`` lie: (source ids, int64 [n] starts, int64 [n] lengths, target ids, starts,
+    lengths), pair i's source ``source_ids[starts[i]:][:lengths[i]]`` (nothing copied)."""
+    indices = np.asarray(indices, np.int64)
+    out = []
+    for ids, offsets in ((self.source_ids, self.source_offsets), (self.target_ids, self.target_offsets)):
+      starts = offsets[indices]
+      out += [ids, starts, offsets[indices + 1] - starts]
+    return tuple(out)
+
+  def fitting(self, max_len: int) -> np.ndarray:
+    """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
+    return fitting_pairs(np.diff(self.source_offsets), np.diff(self.target_offsets), max_len)
+
+
+def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+  offsets = np.zeros(len(rows) + 1, np.int64)
+  offsets[1:] = np.cumsum([len(r) for r in rows])
+  flat = np.fromiter((i for r in rows for i in r), np.int32, count=int(offsets[-1]))
+  return flat, offsets
+
+
+def encode_set(tokenizer: JointSentencePiece, ps: parallel.ParallelSet) -> EncodedSet:
+  tag = tokenizer.tag_id(ps.source_language)
+  sources = [[tag] + tokenizer.encode(line) + [EOS_ID] for line in ps.sources]
+  targets = [tokenizer.encode(line) for line in ps.targets]
+  return EncodedSet(ps.pair, ps.name, *_flatten(sources), *_flatten(targets))
+
+
+@dataclasses.dataclass(frozen=True)
+class Picks:
+  """The pairs of a batch's rows as arrays: row r is pair ``indices[r]`` of ``sets[set_numbers[r]]``."""
+
+  sets: tuple
+  set_numbers: np.ndarray  # int [n]
+  indices: np.ndarray  # int64 [n]
+
+  @classmethod
+  def from_pairs(cls, sets_and_indices: list[tuple[EncodedSet, int]]) -> "Picks":
+    """From (set, index) pairs (the sets in order of first appearance)."""
+    numbers: dict[int, int] = {}
+    sets = []
+    for encoded, _ in sets_and_indices:
+      if id(encoded) not in numbers:
+        numbers[id(encoded)] = len(sets)
+        sets.append(encoded)
+    set_numbers = np.fromiter((numbers[id(s)] for s, _ in sets_and_indices), np.int64, len(sets_and_indices))
+    indices = np.fromiter((i for _, i in sets_and_indices), np.int64, len(sets_and_indices))
+    return cls(tuple(sets), set_numbers, indices)
+
+  def __len__(self) -> int:
+    return len(self.indices)
+
+  def __getitem__(self, rows: slice) -> "Picks":
+    return Picks(self.sets, self.set_numbers[rows], self.indices[rows])
+
+  def pairs(self) -> list[tuple[EncodedSet, int]]:
+    """As (set, index) pairs."""
+    return [(self.sets[k], int(i)) for k, i in zip(self.set_numbers, self.indices)]
+
+
+def make_rows(sets_and_indices: list[tuple[EncodedSet, int]] | Picks, rows: int, max_len: int) -> Batch:
+  """A batch of ``rows`` rows [rows, max_len] from (set, index) pairs that fit; the rest are all padding.
+
+  Row r: ``source`` the source ids, ``decoder_inputs`` bos + target ids, ``targets`` target ids + eos, ``weights``
+  1 over the targets and eos, pad (0) after. Each set's pairs are located at once (``segments``) and copied with one
+  gather and scatter a side; the decoder inputs are the targets shifted by one: no per-row Python (~8K rows a batch
+  at configs/mt_paper.py's shortest bucket).
+
+  Raises:
+    ValueError: a pair does not fit ``max_len`` (its source, or its target + eos).
+  """
+  picks = sets_and_indices if isinstance(sets_and_indices, Picks) else Picks.from_pairs(sets_and_indices)
+  # The four arrays are views of one zeroed block (PAD_ID, and weight 0.0): one allocation, one page-in.
+  block = np.zeros((4, rows, max_len), np.int32)
+  if PAD_ID:
+    block[:3] = PAD_ID
+  source, decoder_inputs, targets = block[0], block[1], block[2]
+  n = len(picks)
+  target_lengths = np.zeros(n, np.int64)
+  for number, encoded in enumerate(picks.sets):
+    where = np.flatnonzero(picks.set_numbers == number)
+    if not len(where):
+      continue
+    source_ids, source_starts, source_lengths, target_ids, target_starts, lengths = encoded.segments(
+        picks.indices[where])
+    if source_lengths.max() > max_len or lengths.max() >= max_len:
+      raise ValueError(f"a pair of {encoded.pair} {encoded.name} does not fit {max_len} positions (source "
+                       f"{source_lengths.max()}, target + eos {lengths.max() + 1}); pass pairs that fit.")
+    copy_segments(source.reshape(-1), where * max_len, source_ids, source_starts, source_lengths)
+    copy_segments(targets.reshape(-1), where * max_len, target_ids, target_starts, lengths)
+    target_lengths[where] = lengths
+  decoder_inputs[:n, 1:] = targets[:n, :-1]  # before eos: a fitting target ends before the last position
+  decoder_inputs[:n, 0] = BOS_ID
+  targets[np.arange(n), target_lengths] = EOS_ID
+  weights = block[3].view(np.float32)
+  weights[:n] = np.arange(max_len) <= target_lengths[:, None]
+  return {"source": source, "decoder_inputs": decoder_inputs, "targets": targets, "weights": weights}
+
+
+def mixing_weights(sizes: list[int], temperature: float) -> np.ndarray:
+  """Sampling probability of each pair, proportional to ``n_pair ** (1 / temperature)`` (1: proportional)."""
+  scaled = np.asarray(sizes, np.float64) ** (1.0 / temperature)
+  return scaled / scaled.sum()
+
+
+def length_buckets(count: int, max_len: int) -> tuple[int, ...]:
+  """The ``count`` bucket lengths of training batches, each half the next: (16, 32, 64) for 3 and 64; (64,) for 1.
+
+  Raises:
+    ValueError: ``count`` < 1, or ``max_len`` not divisible by 2 ** (count - 1) (the message names the fix).
+  """
+  if count < 1 or max_len % 2 ** (count - 1):
+    raise ValueError(f"data.length_buckets={count} needs train.seq_len={max_len} divisible by 2**{count - 1}; set "
+                     f"--config.data.length_buckets to between 1 (no buckets) and the number of times "
+                     f"{max_len} halves evenly, plus one.")
+  return tuple(max_len >> k for k in reversed(range(count)))
+
+
+class MixedPairIterator:
+  """Endless training batches mixing the pairs; batch t depends only on (seed, t), so resuming is exact.
+
+  Each global row draws its pair with ``mixing_weights`` and then one of that pair's fitting training
+  pairs uniformly (with replacement); this process keeps rows ``shard_index`` * B / shard_count onwards.
+  ``get_state`` / ``set_state`` (the number of batches drawn) are what the checkpoint saves.
+
+  Length buckets (``length_buckets``, each dividing ``max_len``): a pair belongs to the shortest bucket L
+  its source and target fit, and a batch is [B * max_len / L, L] of one bucket, so every batch has the same
+  B * max_len positions but far less padding. Bucket L is drawn with probability proportional to L times the
+  sampling mass of its pairs, which keeps every sentence's share of the rows that of one bucket (above); a
+  batch then carries max_len / sum_L(L * mass_L) times as many rows on average. Bucket L's pair is drawn with
+  weight ~ its mass in L, then a sentence uniformly among its pairs in L. One bucket: batches [B, max_len],
+  drawn exactly as without buckets.
+  """
+
+  def __init__(self, train_sets: list[EncodedSet], batch_size: int, max_len: int, seed: int,
+               temperature: float, shard_index: int = 0, shard_count: int = 1,
+               length_buckets: tuple[int, ...] = ()):
+    if batch_size % shard_count:
+      raise ValueError(f"train.batch_size={batch_size} must be a multiple of the {shard_count} processes.")
+    self._sets = train_sets
+    self._buckets = tuple(length_buckets) or (max_len,)
+    fitting = [[s.fitting(b) for b in self._buckets] for s in train_sets]  # [pair][bucket]: fits b
+    for s, per_bucket in zip(train_sets, fitting):
+      if not len(per_bucket[-1]):
+        raise DataError(f"no training pair of {s.pair} fits train.seq_len={max_len}; raise it.")
+    self._weights = mixing_weights([len(f[-1]) for f in fitting], temperature)
+    # [pair][bucket]: the pairs whose shortest fitting bucket is b.
+    self._indices = [[np.setdiff1d(f[b], f[b - 1], assume_unique=True) if b else f[0]
+                      for b in range(len(self._buckets))] for f in fitting]
+    mass = np.array([[w * len(idx) / len(f[-1]) for idx in per_bucket]
+                     for w, per_bucket, f in zip(self._weights, self._indices, fitting)])  # [pair, bucket]
+    self._bucket_probs = mass.sum(0) * np.asarray(self._buckets) / (mass.sum(0) * self._buckets).sum()
+    self._pair_probs = [mass[:, b] / mass[:, b].sum() if mass[:, b].sum() else None
+                        for b in range(len(self._buckets))] if len(self._buckets) > 1 else [self._weights]
+    self._batch_size, self._max_len, self._seed = batch_size, max_len, seed
+    self._shard_index, self._shard_count = shard_index, shard_count
+    self._batches = 0
+
+  @property
+  def weights(self) -> dict[str, float]:
+    return {s.pair: float(w) for s, w in zip(self._sets, self._weights)}
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> Batch:
+    picks, length = self.draw()
+    return make_rows(picks, len(picks), length)
+
+  def draw(self) -> tuple[Picks, int]:
+    """The next batch's (set, index) picks of this process and its bucket length; advances the iterator."""
+    rng = np.random.default_rng([self._seed, self._batches])
+    bucket = 0 if len(self._buckets) == 1 else int(rng.choice(len(self._buckets), p=self._bucket_probs))
+    length = self._buckets[bucket]
+    rows = self._batch_size * (self._max_len // length)
+    pairs = rng.choice(len(self._sets), size=rows, p=self._pair_probs[bucket])
+    # One bounded draw per row, as a draw per row would (numpy's Generator draws an array of bounds element by
+    # element: tests/test_mt_rows.py checks the picks against the per-row draws).
+    per_pair = [self._indices[p][bucket] for p in range(len(self._sets))]
+    choice = rng.integers(np.array([len(idx) for idx in per_pair])[pairs])
+    indices = np.zeros(rows, np.int64)
+    for p, idx in enumerate(per_pair):
+      where = pairs == p
+      indices[where] = idx[choice[where]]
+    picks = Picks(tuple(self._sets), pairs, indices)
+    self._batches += 1
+    mine = picks[self._shard_index * rows // self._shard_count:(self._shard_index + 1) * rows // self._shard_count]
+    return mine, length
+
+  def get_state(self) -> dict:
+    return {"batches": self._batches}
+
+  def set_state(self, state: dict) -> None:
+    self._batches = int(state["batches"])
+
+
+def eval_batches(sets: list[EncodedSet], batch_size: int, max_len: int, max_sentences: int = 0
+                 ) -> Iterator[Batch]:
+  """Batches of every fitting pair of ``sets`` in order (the last one padded with empty rows).
+
+  ``max_sentences > 0`` takes each set's first ``max_sentences`` pairs only.
+  """
+  picks = []
+  for s in sets:
+    indices = s.fitting(max_len)
+    if max_sentences > 0:
+      indices = indices[indices < max_sentences]
+    picks += [(s, int(i)) for i in indices]
+  for start in range(0, len(picks), batch_size):
+    yield make_rows(picks[start:start + batch_size], batch_size, max_len)

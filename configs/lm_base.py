@@ -38,8 +38,8 @@ def get_config():
   config.model.dropout = 0.0
   config.model.dtype = "bfloat16"
   # model.attention "auto" (the default) runs cuDNN's fused attention on a GPU in bf16. On ONE 80 GB GPU, 64 x 1024
-  # microbatches need ~88 GiB of activations (experiment/plan.py estimate, not measured): use --config.train.microbatches=16
-  # or --config.model.remat=block there; an H200 (141 GB) fits the default.
+  # microbatches need ~88 GiB of activations (experiment/plan.py estimate, not measured): use
+  # --config.train.microbatches=16 or --config.model.remat=block there; an H200 (141 GB) fits the default.
   config.model.moe.num_experts = 32
   config.model.moe.sublayers_per_expert = 3
   # balance_scope "all" (from the CPU default) with the paper's dot-product routing: at these dimensions (PTB, 16 x

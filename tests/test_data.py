@@ -2,6 +2,10 @@
 
 The corpora are found at $STABLEMOE_DATA_DIR or ../shared/data beside the
 repository. PTB is tokenized and written to TFDS records once per session.
+
+One file over ~400 lines on purpose: every section (tokenizers, the builder, streams and blocks, locating data,
+prepared data without the raw corpus, bad own corpora) reads the ``ptb`` fixture, this module's one tokenization of
+PTB into TFDS records; a second module would tokenize PTB again.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ The forms, cheapest first:
   tiny run's last checkpoint instead. Not run: the GPU-size presets (NOT_RUN), the launch scripts and Beam
   preparation (NOT_RUN_PROGRAMS), trainings that only change model.* or health.* values (``is_variant``), and a
   command whose tiny form repeats another's.
+
+One file over ~400 lines on purpose: the quick checks and the slow tier read the same command list, the same
+``SKIPS`` / ``NOT_RUN`` / ``RUN_CONFIGS`` tables and the same parsed form of a command (``unwrap``, ``Launch``), and a
+quick test (``test_every_preset_the_slow_tier_does_not_train_has_its_reason``) checks the slow tier's tables: one
+place says what runs, in which form, and why the rest does not.
 """
 from __future__ import annotations
 
@@ -370,8 +375,8 @@ def _normalized(args, workdir) -> tuple:
 def is_variant(args, tiny) -> bool:
   """A training whose overrides, past those the tiny flags replace, change only model.* or health.* values: another
   router or baseline (docs/method.md), the paper's loss, the guard's stop. Its config is checked above; the tiny
-  tier does not train it (each would cost a compile), as tests/test_routers.py, test_moe.py, test_health.py and
-  test_translation_*.py train the routers, the dense baselines and the guard."""
+  tier does not train it (each would cost a compile), as tests/test_routers_training.py, test_moe.py,
+  test_health_guard.py and test_translation_*.py train the routers, the dense baselines and the guard."""
   replaced = {flag.split("=", 1)[0] for flag in tiny}
   kept = [a.split("=", 1)[0] for a in args if a.startswith("--config.") and a.split("=", 1)[0] not in replaced]
   return bool(kept) and all(k.startswith(("--config.model.", "--config.health.")) for k in kept)

@@ -92,8 +92,8 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
   selection = result["selection_steps"]
   text = ["# Tuned comparison\n",
           f"Each method's learning rate and warmup chosen on validation perplexity from the grid below (one run "
-          f"each, seed {config.seed}, {selection} steps{'' if selection == train.steps else ' (a shorter selection budget)'}"
-          f"); a setting whose MoE layer the health verdict finds dead (DEAD: removing it costs < 1% of valid "
+          f"each, seed {config.seed}, {selection} steps"
+          f"{'' if selection == train.steps else ' (a shorter selection budget)'}); a setting whose MoE layer the health verdict finds dead (DEAD: removing it costs < 1% of valid "
           f"PPL, or two experts take > 90% of the tokens) is not eligible. Then {config.compare.seeds} new seed(s) at "
           f"the choice (seeds {config.seed + 1}-{config.seed + config.compare.seeds}): the reported runs; the "
           f"selecting seed is never reported. A choice whose layer dies in a reported seed is rejected and the next "
@@ -101,7 +101,8 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
           "layer)\n", grid_table(result, labels), rejected_note(result, labels)]
   if rows:
     text += ["## At each method's choice\n", budget_note(config, rows), devices_note(rows),
-             markdown_table(rows, SWEEP_COLUMNS), health_note(rows), paired_section(result["records"], labels, pairs_of(config)),
+             markdown_table(rows, SWEEP_COLUMNS), health_note(rows),
+             paired_section(result["records"], labels, pairs_of(config)),
              write_token_plot(rows, workdir / "validation_tokens.png"),
              write_convergence_plot(rows, workdir / "convergence.png"),
              write_fluctuation_plot(rows, workdir / "fluctuation.png")]

@@ -100,6 +100,8 @@ NOT_RUN = {
     "configs/compare_mt_cpu.py": "7 translation methods; tests/test_translation_compare.py runs the comparison",
     "configs/ablate_cpu.py": "the paper's Table 5 ablations, 3 seeds each (hours); tests/test_compare.py runs the "
                              "comparison",
+    "configs/xmoe_cpu.py": "X-MoE's routing as published against the default's, 6 runs (hours); tests/test_sweep.py "
+                           "runs a tiny sweep of the same shape",
 }
 PROGRAMS_WITH_CONFIG = ("stablemoe_jax.main", "stablemoe_jax.compare", "stablemoe_jax.compare.probe",
                         "stablemoe_jax.data.prepare", "benchmarks.router_geometry", "benchmarks.throughput",

@@ -25,6 +25,7 @@ EXPECTED = {
     "tune_cpu": (1, 8, BATCH_16),
     "compare_cpu": (1, 8, BATCH_16),
     "ablate_cpu": (1, 8, BATCH_16),
+    "xmoe_cpu": (1, 8, BATCH_16),
     "lm_files": (1, 8, BATCH_16),
     "lm_base": (64, 64, 64),
     "lm_files:lm_base": (64, 64, 64),

@@ -348,3 +348,19 @@ def test_the_ablation_preset_shares_the_tuned_runs_and_ablates_stage_1():
   assert stage1_only.train.stage1_steps == stage1_only.train.steps == 850
   assert configs["stablemoe_cosine"].train.stage1_steps == 300 and configs["base_fixed"].model.moe.base.fixed_routing
   assert config.compare.results_dir == "results/tune_h100"  # BASE's and StableMoE's seeds are the sweep's runs
+
+
+def test_the_xmoe_preset_tunes_xmoe_on_seed_0_and_pairs_it_with_the_defaults_routing():
+  from configs import xmoe_cpu  # pylint: disable=import-outside-toplevel
+  config = xmoe_cpu.get_config()
+  configs = method_configs(config)
+  grid = sweep.parse_grid(config)
+  assert grid.is_fixed("stablemoe_cosine") and not grid.is_fixed("stablemoe_xmoe")
+  assert [s.name for s in grid.for_method("stablemoe_xmoe")] == [
+      "lr0.004_warmup400", "lr0.006_warmup400", "lr0.008_warmup400"]
+  xmoe, cosine = configs["stablemoe_xmoe"].model.moe.stablemoe, configs["stablemoe_cosine"].model.moe.stablemoe
+  assert (xmoe.cosine_expert_norm, cosine.cosine_expert_norm) == (1.5, 0.0)
+  assert xmoe.to_dict() | {"cosine_expert_norm": 0.0} == cosine.to_dict()  # the expert norm is the only difference
+  assert report.pairs_of(config) == {"stablemoe_xmoe": "stablemoe_cosine"}
+  assert config.compare.results_dir == "results/tune_h100"  # StableMoE-cosine's seeds are the sweep's runs
+

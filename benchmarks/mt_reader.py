@@ -49,7 +49,7 @@ def write_npz(record_sets, directory: pathlib.Path) -> None:
   for s in record_sets:
     rows = s.pairs(range(len(s)))
     data_lib._save_set(directory, batch_lib.EncodedSet(s.pair, s.name, *batch_lib._flatten([r[0] for r in rows]),
-                                                      *batch_lib._flatten([r[1] for r in rows])))
+                                                       *batch_lib._flatten([r[1] for r in rows])))
 
 
 def time_round(sets, config, batches: int) -> tuple[float, int, list]:
@@ -57,7 +57,7 @@ def time_round(sets, config, batches: int) -> tuple[float, int, list]:
   train = config.train
   buckets = batch_lib.length_buckets(config.data.get('length_buckets', 1), train.seq_len)
   it = batch_lib.MixedPairIterator(sets, train.batch_size, train.seq_len, config.seed, config.data.sampling_temperature,
-                                  length_buckets=buckets)
+                                   length_buckets=buckets)
   first = [next(it)]
   tokens = 0
   started = time.perf_counter()
@@ -104,7 +104,7 @@ def time_make_rows(sets, config, batches: int, rounds: int, gpu_tokens_per_s: fl
   train = config.train
   buckets = batch_lib.length_buckets(config.data.get('length_buckets', 1), train.seq_len)
   make = lambda: batch_lib.MixedPairIterator(sets, train.batch_size, train.seq_len, config.seed,
-                                            config.data.sampling_temperature, length_buckets=buckets)
+                                             config.data.sampling_temperature, length_buckets=buckets)
   it = make()
   draws = [it.draw() for _ in range(batches)]
   rows = sum(len(picks) for picks, _ in draws)

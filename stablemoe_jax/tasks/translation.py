@@ -103,12 +103,12 @@ class TranslationTask:
     train = config.train
     buckets = batch_lib.length_buckets(config.data.get("length_buckets", 1), train.seq_len)
     return batch_lib.MixedPairIterator(data.split_sets("train"), train.batch_size, train.seq_len, config.seed,
-                                      config.data.sampling_temperature, shard_index, shard_count, buckets)
+                                       config.data.sampling_temperature, shard_index, shard_count, buckets)
 
   def eval_batches(self, data, config, split: str, stride: int = 0):
     del stride  # sentences are scored whole
     return batch_lib.eval_batches(data.split_sets(split), config.eval.batch_size, config.eval.seq_len,
-                                 config.eval.get("max_sentences", 0))
+                                  config.eval.get("max_sentences", 0))
 
   def routing_sample(self, data, config, rows: int):
     """The first validation pairs that fit ``train.seq_len``, taken in turn from each pair's set (so every pair
@@ -137,6 +137,6 @@ class TranslationTask:
     report = data_lib.write_length_report(experiment.data, experiment.workdir / "data", cfg.train.seq_len,
                                           cfg.eval.seq_len)
     weights = batch_lib.MixedPairIterator(experiment.data.split_sets("train"), cfg.train.batch_size,
-                                         cfg.train.seq_len, cfg.seed, cfg.data.sampling_temperature).weights
+                                          cfg.train.seq_len, cfg.seed, cfg.data.sampling_temperature).weights
     return {"bleu": bleu_report(cfg, experiment.data, params, split, mesh=experiment.mesh), "pair_weights": weights,
             "over_length": report}

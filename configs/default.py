@@ -116,9 +116,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.train = ml_collections.ConfigDict()
   config.train.steps = 850
-  # 35% of training (the paper: 10% of 60K steps): the lowest seed-0 valid PPL of 85 / 212 / 300 steps (154.57 /
-  # 153.98 / 153.64, layers alive; 425 not yet run; docs/results.md, Table 6). Stage 1 ends at step 300, 100 steps
-  # before the warmup does, having read 614K tokens (2/3 of a PTB epoch, 99.7% of the word ids).
+  # 35% of training (the paper: 10% of 60K steps): the lowest seed-0 valid PPL among live runs of 85 / 212 / 300 /
+  # 425 steps (154.57 / 153.98 / 153.64; 425 reached 154.50 with its layer dead; docs/results.md, Table 6). Stage 1
+  # ends at step 300, 100 steps before the warmup does, having read 614K tokens (2/3 of a PTB epoch, 99.7% of ids).
   config.train.stage1_steps = 300
   config.train.batch_size = 16
   config.train.microbatches = 1  # >1: accumulate gradients over batch_size / microbatches rows at a time

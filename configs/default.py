@@ -86,6 +86,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.moe.stablemoe.cosine_temperature = 0.5  # affinity=cosine: tau's initial value (tutel's 0.5)
   # affinity=cosine: X-MoE's published expert embeddings (torchscale: 1.5): orthogonal init, every row rescaled to
   # this norm after each update (models/cosine_routing.py). 0: off (they start at centroid_gain, never rescaled).
+  # Off by the sweep's rule: 1.5's best seed-0 cell, 4e-3 / 400, reached 154.31 against 153.64; over seeds 1-3 the
+  # two are level in PPL, and 1.5's layer does more (worth +6.0% against +2.7%; docs/results.md, X-MoE).
   config.model.moe.stablemoe.cosine_expert_norm = 0.0
   config.model.moe.switch = ml_collections.ConfigDict()
   config.model.moe.switch.balance_weight = 0.01  # weight of N * sum_i f_i P_i (the Switch paper's 0.01)

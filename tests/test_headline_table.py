@@ -9,10 +9,11 @@ import json
 import pathlib
 
 import pytest
+from conftest import REPO
 
 from stablemoe_jax.compare import paired
+from stablemoe_jax.train.health import least_contribution
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 REPORT = REPO / "results" / "tune_h100" / "comparison.json"
 # The table's label of each method (the README's words) -> the method's name in the sweep.
 LABELS = {
@@ -42,21 +43,21 @@ def table_rows(path: pathlib.Path) -> dict[str, list[str]]:
   return rows
 
 
+def choice_cell(choice: dict | None) -> str:
+  """The table's words for a method's choice in the report (None: its grid is not finished)."""
+  return f"{choice['learning_rate']} / {choice['warmup_steps']}" if choice else "grid not finished"
+
+
 def expected_cells(report: dict, method: str) -> list[str]:
   """The row the committed report gives ``method``: choice, seeds, valid, test, paired test difference, worth."""
   summary = next(entry for entry in report["methods"] if entry["method"] == method)
-  choice = report["choices"][method]
   runs = sorted((run for run in report["runs"] if run["method"] == method), key=lambda run: run["seed"])
-  worth = "--"
-  if method != "dense":
-    worth = ", ".join(f"{run['summary']['health']['contribution']['layers']['moe_0']['relative_perplexity_increase']:+.2%}"
-                      for run in runs)
-  differences = "--"
+  differences = worth = "--"
   if method != "dense":
     test = paired.paired_differences(report["runs"])[method]["test"]
     differences = f"{test['mean']:+.2f} [{test['low']:+.2f}, {test['high']:+.2f}]"
-  return [f"{choice['learning_rate']} / {choice['warmup_steps']}",
-          ", ".join(str(run["seed"]) for run in runs),
+    worth = ", ".join(f"{least_contribution(run['summary']['health']):+.2%}" for run in runs)
+  return [choice_cell(report["choices"][method]), ", ".join(str(run["seed"]) for run in runs),
           f"{summary['valid_ppl_mean']:.2f} ± {summary['valid_ppl_std']:.2f}",
           f"{summary['test_ppl_mean']:.2f} ± {summary['test_ppl_std']:.2f}", differences, worth]
 
@@ -69,8 +70,7 @@ def test_headline_table_is_the_committed_report(document):
   assert reported <= set(rows), f"{document}: methods with reported seeds but no row: {reported - set(rows)}"
   for method, cells in rows.items():
     if method not in reported:
-      choice = report["choices"].get(method)
-      chosen = f"{choice['learning_rate']} / {choice['warmup_steps']}" if choice else "grid not finished"
+      chosen = choice_cell(report["choices"].get(method))
       assert cells[0].startswith(chosen), f"{document}: {method}'s choice is {chosen!r} in {REPORT.name}"
       assert cells[2] == "--", f"{document}: {method} has numbers but no reported seeds in {REPORT.name}"
       continue

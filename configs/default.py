@@ -75,7 +75,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Which gates the balance loss of expert i acts on: "assigned" (the paper's Eq. 3: the tokens routed to i) or
   # "all" (every token's; a deviation). In the tuned sweep the paper's router ("assigned", dot) is alive at 4 of 11
   # settings at seed 0, but its best two, 154.57 (6e-3 / 400) and 157.29 (4e-3 / 600), worth +1.1% and +1.2%, died
-  # in reported seeds, so its choice is 2e-3 / 400 (166.04); "all" with cosine 153.64 (+1.8%), alive in every seed.
+  # in reported seeds, so its choice is 2e-3 / 400: valid 166.72 over seeds 1-3, 12 PPL above dense; "all" with
+  # cosine 153.64 (+1.8%) at seed 0, 155.49 over seeds 1-3, alive in every seed.
   # "assigned" with cosine routing was not run. A preset setting: other routers ignore it without error.
   config.model.moe.stablemoe.balance_scope = "all"
   # Deviations probed in docs/tuning.md (off: the paper's router). Router z-loss weight (mean logsumexp(s)^2; 0: off).

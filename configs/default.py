@@ -121,8 +121,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.train = ml_collections.ConfigDict()
   config.train.steps = 850
-  # 35% of training (the paper: 10% of 60K steps): the lowest seed-0 valid PPL among live runs of 85 / 212 / 300 /
-  # 425 steps (154.57 / 153.98 / 153.64; 425 reached 154.50 with its layer dead; docs/results.md, Table 6). Stage 1
+  # 35% of training (the paper: 10% of 60K steps), the length the headline's seeds trained at. Seed 0 on 2 CPU cores:
+  # 85 / 212 / 300 / 425 steps reach 154.57 / 153.98 / 154.28 / 154.50 (425's layer dead). 300 was chosen on its H100
+  # cell (153.64); 212's 0.30 lead on the CPU is below the seed spread (docs/results.md, Table 6). Stage 1
   # ends at step 300, 100 steps before the warmup does, having read 614K tokens (2/3 of a PTB epoch, 99.7% of ids).
   config.train.stage1_steps = 300
   config.train.batch_size = 16

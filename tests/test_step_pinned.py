@@ -61,6 +61,10 @@ class _MeanTask:
   def model_inputs(self, batch):
     return (batch["x"],)
 
+  def model_keywords(self, batch):
+    del batch
+    return {}
+
   def train_loss(self, logits, batch):
     del batch
     return jnp.mean(logits)

@@ -72,7 +72,7 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task=None) 
     def loss_fn(params):
       logits, sown = model.apply(
           {"params": params}, *task.model_inputs(batch), stage1, deterministic=False,
-          rngs=step_rngs(step_key), mutable=[AUX_LOSS, METRICS], **head,
+          rngs=step_rngs(step_key), mutable=[AUX_LOSS, METRICS], **head, **task.model_keywords(batch),
       )
       task_loss = task.train_loss(logits, batch)
       aux = _flatten(sown.get(AUX_LOSS, {}))
@@ -140,7 +140,7 @@ def make_eval_step(model, task=None, stage1_only: bool = False) -> Callable[[dic
 
   def eval_step(params, batch: Batch):
     logits = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(stage1_only), deterministic=True,
-                         **head)
+                         **head, **task.model_keywords(batch))
     return task.eval_sums(logits, batch)
   return eval_step
 
@@ -155,7 +155,7 @@ def make_routing_agreement_step(model, task=None) -> Callable[[dict, Batch], jax
 
   def agreement_step(params, batch: Batch):
     _, sown = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(True), deterministic=True,
-                          mutable=[METRICS])
+                          mutable=[METRICS], **task.model_keywords(batch))
     flat = _flatten(sown.get(METRICS, {}))
     values = [v for k, v in flat.items() if k.rsplit("/", 1)[-1] == "distill_accuracy"]
     return sum(values) / len(values) if values else None

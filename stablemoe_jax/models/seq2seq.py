@@ -145,11 +145,13 @@ class DecoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, encoded: jax.Array | tuple[jax.Array, jax.Array], cross_mask: jax.Array,
-               deterministic: bool, decode: bool = False) -> jax.Array:
-    """x [B, S, d]; encoded [B, Ss, d], or its ``cross_keys_values``; cross_mask bool [B, 1, 1, Ss] -> [B, S, d]."""
+               deterministic: bool, decode: bool = False, self_mask: jax.Array | None = None) -> jax.Array:
+    """x [B, S, d]; encoded [B, Ss, d], or its ``cross_keys_values``; cross_mask bool [B, 1, 1 or S, Ss]; self_mask
+    bool [B, 1, S, S] (None: causal) -> [B, S, d]."""
     drop = nn.Dropout(self.dropout)
     y = nn.LayerNorm(dtype=self.dtype)(x)
-    self_mask = None if decode else nn.make_causal_mask(x[..., 0])
+    if self_mask is None and not decode:
+      self_mask = nn.make_causal_mask(x[..., 0])
     x = x + drop(self.self_attention(y, y, self_mask, decode), deterministic=deterministic)
     y = nn.LayerNorm(dtype=self.dtype)(x)
     x = x + drop(self.cross_attention(y, encoded, cross_mask), deterministic=deterministic)
@@ -160,6 +162,13 @@ class DecoderBlock(nn.Module):
 def padding_mask(source: jax.Array) -> jax.Array:
   """source int32 [B, Ss] -> bool [B, 1, 1, Ss]: True at real (non-pad) source positions."""
   return (source != PAD_ID)[:, None, None, :]
+
+
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+  """Packed rows: query_segments int32 [B, Sq], key_segments [B, Sk] (pair number, 0 = padding) -> bool
+  [B, 1, Sq, Sk], True where the key is a real position of the query's own pair."""
+  same = query_segments[:, :, None] == key_segments[:, None, :]
+  return (same & (key_segments > 0)[:, None, :])[:, None]
 
 
 class TransformerSeq2Seq(nn.Module):
@@ -202,10 +211,15 @@ class TransformerSeq2Seq(nn.Module):
       self.encoder_moe = [layer() for _ in placement]
       self.decoder_moe = [layer() for _ in placement]
 
-  def _embed(self, tokens: jax.Array, start: jax.Array | int, deterministic: bool) -> jax.Array:
-    """tokens [B, S] at positions start .. start + S - 1 -> [B, S, d] (scaled embedding + position)."""
+  def _embed(self, tokens: jax.Array, start: jax.Array | int, deterministic: bool,
+             positions: jax.Array | None = None) -> jax.Array:
+    """tokens [B, S] at positions start .. start + S - 1 (or at ``positions`` int32 [B, S]) -> [B, S, d] (scaled
+    embedding + position)."""
     d = self.config.d_model
-    positions = jax.lax.dynamic_slice_in_dim(self.positions, start, tokens.shape[1])
+    if positions is None:
+      positions = jax.lax.dynamic_slice_in_dim(self.positions, start, tokens.shape[1])
+    else:
+      positions = self.positions[positions]
     x = self.embed(tokens) * jnp.sqrt(d) + positions
     x = self.embedding_dropout(x, deterministic=deterministic)
     return x.astype(jnp.dtype(self.config.dtype))
@@ -232,10 +246,16 @@ class TransformerSeq2Seq(nn.Module):
         x = run_block(block, x)
     return x
 
-  def encode(self, source: jax.Array, in_stage1: jax.Array, deterministic: bool = True) -> jax.Array:
-    """source int32 [B, Ss] (pad = PAD_ID) -> encoded [B, Ss, d]."""
-    x = self._embed(source, 0, deterministic)
-    mask = padding_mask(source)  # keys only: a pad position's own output is never read
+  def encode(self, source: jax.Array, in_stage1: jax.Array, deterministic: bool = True,
+             segments: jax.Array | None = None, positions: jax.Array | None = None) -> jax.Array:
+    """source int32 [B, Ss] (pad = PAD_ID) -> encoded [B, Ss, d].
+
+    Packed rows (``data/translation/batches.pack_rows``): ``segments`` int32 [B, Ss] numbers each position's pair
+    (0: padding) and ``positions`` int32 [B, Ss] its place in that pair; a position then attends to its own pair.
+    """
+    x = self._embed(source, 0, deterministic, positions)
+    # Keys only: a pad position's own output is never read.
+    mask = padding_mask(source) if segments is None else segment_mask(segments, segments)
     x = self._stack("encoder", len(self.encoder_blocks), x, source, in_stage1, deterministic,
                     lambda i, x: self.encoder_blocks[i](x, mask, deterministic))
     return self.encoder_norm(x)
@@ -249,7 +269,9 @@ class TransformerSeq2Seq(nn.Module):
 
   def decode(self, encoded: jax.Array | list[tuple[jax.Array, jax.Array]], source: jax.Array,
              decoder_inputs: jax.Array, in_stage1: jax.Array, deterministic: bool = True, decode: bool = False,
-             position: jax.Array | int = 0, head_inputs: bool = False) -> jax.Array | HeadInputs:
+             position: jax.Array | int = 0, head_inputs: bool = False, source_segments: jax.Array | None = None,
+             target_segments: jax.Array | None = None, target_positions: jax.Array | None = None
+             ) -> jax.Array | HeadInputs:
     """Logits float32 [B, St, V] of the next token at each decoder input position.
 
     Args:
@@ -263,23 +285,36 @@ class TransformerSeq2Seq(nn.Module):
         ``mutable=["cache"]``).
       position: the position of ``decoder_inputs[:, 0]`` (the step index when decoding).
       head_inputs: return the logits' :class:`HeadInputs` (hidden [B, St, d]) instead, for the chunked loss.
+      source_segments, target_segments, target_positions: int32 [B, Ss] / [B, St] / [B, St] of packed rows (see
+        ``encode``): a target position attends to its own pair's earlier targets and its own source; None:
+        one pair a row.
     """
     memory = encoded if isinstance(encoded, (list, tuple)) else [encoded] * len(self.decoder_blocks)
-    cross_mask = padding_mask(source)
-    y = self._embed(decoder_inputs, position, deterministic)
+    if target_segments is None:
+      cross_mask, self_mask = padding_mask(source), None
+    else:
+      cross_mask = segment_mask(target_segments, source_segments)
+      self_mask = segment_mask(target_segments, target_segments) & nn.make_causal_mask(decoder_inputs, dtype=jnp.bool_)
+    y = self._embed(decoder_inputs, position, deterministic, target_positions)
     y = self._stack("decoder", len(self.decoder_blocks), y, decoder_inputs, in_stage1, deterministic,
-                    lambda i, y: self.decoder_blocks[i](y, memory[i], cross_mask, deterministic, decode))
+                    lambda i, y: self.decoder_blocks[i](y, memory[i], cross_mask, deterministic, decode, self_mask))
     y = self.decoder_norm(y)
     if head_inputs:
       return HeadInputs(y, self.embed.embedding, self.config.vocab_size, self.config.get("loss_chunk_tokens", 0))
     return tied_logits(y, self.embed.embedding, self.config.vocab_size)
 
   def __call__(self, source: jax.Array, decoder_inputs: jax.Array, in_stage1: jax.Array,
-               deterministic: bool = True, decode: bool = False, head_inputs: bool = False) -> jax.Array | HeadInputs:
+               deterministic: bool = True, decode: bool = False, head_inputs: bool = False,
+               source_segments: jax.Array | None = None, source_positions: jax.Array | None = None,
+               target_segments: jax.Array | None = None, target_positions: jax.Array | None = None
+               ) -> jax.Array | HeadInputs:
     """source int32 [B, Ss], decoder_inputs int32 [B, St], in_stage1 bool scalar -> logits float32 [B, St, V]
-    (``head_inputs``: their :class:`HeadInputs`)."""
-    encoded = self.encode(source, in_stage1, deterministic)
-    return self.decode(encoded, source, decoder_inputs, in_stage1, deterministic, decode, head_inputs=head_inputs)
+    (``head_inputs``: their :class:`HeadInputs`). The segments and positions [B, Ss] / [B, St] come with packed
+    rows (``encode``, ``decode``)."""
+    encoded = self.encode(source, in_stage1, deterministic, source_segments, source_positions)
+    return self.decode(encoded, source, decoder_inputs, in_stage1, deterministic, decode, head_inputs=head_inputs,
+                       source_segments=source_segments, target_segments=target_segments,
+                       target_positions=target_positions)
 
 
 def empty_decode_cache(model: TransformerSeq2Seq, source: jax.Array, length: int, stage2: jax.Array) -> dict:

@@ -39,6 +39,9 @@ class Task(Protocol):
   def model_inputs(self, batch: Batch) -> tuple[jax.Array, ...]:
     """The batch entries the model is called with, before ``in_stage1``."""
 
+  def model_keywords(self, batch: Batch) -> dict[str, jax.Array]:
+    """Batch entries the model takes by keyword, if the batch has them (translation: packed rows' segments)."""
+
   def train_loss(self, logits: jax.Array, batch: Batch) -> jax.Array:
     """float32 scalar: the loss training minimises (before the MoE layers' auxiliary losses)."""
 

@@ -34,6 +34,9 @@ class LanguageModelTask:
   def model_inputs(self, batch):
     return (batch["inputs"],)
 
+  def model_keywords(self, batch):
+    return {}
+
   def train_loss(self, logits, batch) -> jax.Array:
     return mean_loss(logits, batch["targets"], batch["weights"])
 

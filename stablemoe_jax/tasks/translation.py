@@ -18,6 +18,7 @@ from stablemoe_jax.data.translation import batches as batch_lib
 from stablemoe_jax.data.translation import files as parallel_files
 from stablemoe_jax.data.translation import pipeline as data_lib
 from stablemoe_jax.data.translation import wmt
+from stablemoe_jax.decoding import bleu_report as bleu_lib
 from stablemoe_jax.decoding.bleu_report import bleu_report
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
 from stablemoe_jax.train.losses import mean_loss, token_nll
@@ -37,6 +38,9 @@ def check_config(config) -> None:
   require(config.data.get("sampling_temperature", 1.0) > 0,
           f"data.sampling_temperature={config.data.get('sampling_temperature')} must be > 0 (1: proportional).")
   require_parses(batch_lib.length_buckets, config.data.get("length_buckets", 1), train.seq_len)
+  require(not config.data.get("pack_pairs", False) or config.data.get("length_buckets", 1) == 1,
+          f"data.pack_pairs=True packs pairs into rows of train.seq_len, so it takes no length buckets; set "
+          f"--config.data.length_buckets=1 (it is {config.data.get('length_buckets', 1)}).")
   require(0.0 <= train.get("label_smoothing", 0.0) < 1.0,
           f"train.label_smoothing={train.get('label_smoothing')} must lie in [0, 1).")
   require(config.eval.get("max_sentences", 0) >= 0,
@@ -49,6 +53,8 @@ def check_config(config) -> None:
             f"(0: model.max_len).")
     require(decode.batch_size > 0, f"decode.batch_size={decode.batch_size} must be positive.")
     require(decode.length_penalty >= 0, f"decode.length_penalty={decode.length_penalty} must be >= 0.")
+    require(decode.get("sets", "all") in bleu_lib.DECODE_SETS,
+            f"decode.sets={decode.get('sets')!r} is unknown; choose one of {bleu_lib.DECODE_SETS}.")
   require(train.get("schedule", "linear") in SCHEDULES,
           f"train.schedule={train.get('schedule')!r} is unknown; choose one of {SCHEDULES}.")
   # A decode step sees one position; only a router of the token id alone routes it as the whole sequence did.
@@ -59,12 +65,13 @@ def check_config(config) -> None:
 
 class TranslationTask:
   """``config.task = "translation"``; reads ``train.label_smoothing``, ``data.sampling_temperature``,
-  ``data.length_buckets``, ``eval.max_sentences`` from the config it is built with."""
+  ``data.length_buckets``, ``data.pack_pairs``, ``eval.max_sentences`` from the config it is built with."""
 
   name = "translation"
 
   def __init__(self, config):
     self._label_smoothing = float(config.train.get("label_smoothing", 0.0))
+    self._pack = bool(config.get("data", {}).get("pack_pairs", False))
 
   def load_data(self, data_config, prepared_dir):
     corpus = data_config.get("corpus", "multi30k_bible")
@@ -86,11 +93,16 @@ class TranslationTask:
 
   def batch_shapes(self, rows, seq_len):
     shape = (rows, seq_len)
-    ids = {name: jax.ShapeDtypeStruct(shape, jnp.int32) for name in ("source", "decoder_inputs", "targets")}
+    names = ("source", "decoder_inputs", "targets") + (batch_lib.PACKING_KEYS if self._pack else ())
+    ids = {name: jax.ShapeDtypeStruct(shape, jnp.int32) for name in names}
     return {**ids, "weights": jax.ShapeDtypeStruct(shape, jnp.float32)}
 
   def model_inputs(self, batch):
     return batch["source"], batch["decoder_inputs"]
+
+  def model_keywords(self, batch):
+    """Packed rows' segments and positions (``batch_lib.PACKING_KEYS``); {} for one pair a row."""
+    return {name: batch[name] for name in batch_lib.PACKING_KEYS if name in batch}
 
   def train_loss(self, logits, batch) -> jax.Array:
     return mean_loss(logits, batch["targets"], batch["weights"], self._label_smoothing)
@@ -103,12 +115,13 @@ class TranslationTask:
     train = config.train
     buckets = batch_lib.length_buckets(config.data.get("length_buckets", 1), train.seq_len)
     return batch_lib.MixedPairIterator(data.split_sets("train"), train.batch_size, train.seq_len, config.seed,
-                                       config.data.sampling_temperature, shard_index, shard_count, buckets)
+                                       config.data.sampling_temperature, shard_index, shard_count, buckets,
+                                       pack=config.data.get("pack_pairs", False))
 
   def eval_batches(self, data, config, split: str, stride: int = 0):
     del stride  # sentences are scored whole
     return batch_lib.eval_batches(data.split_sets(split), config.eval.batch_size, config.eval.seq_len,
-                                  config.eval.get("max_sentences", 0))
+                                  config.eval.get("max_sentences", 0), pack=self._pack)
 
   def routing_sample(self, data, config, rows: int):
     """The first validation pairs that fit ``train.seq_len``, taken in turn from each pair's set (so every pair

@@ -1,0 +1,226 @@
+"""The run's one-line checks at their edges (issue 51): a mode that reads a checkpoint, given a workdir without one,
+stops before anything is built or written (the workdir left exactly as it was, or not created); the checkpoint files
+a step counts from; a translation ``files`` corpus without its prepared shards refused before the workdir is
+written; ``make_rows``' fit check on each side (source, target + eos) at exactly ``max_len``; and the config's
+bounds (``train``, ``eval``) on both sides. No training: the command-line cases start the entry point (~3 s each)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from conftest import REPO
+
+from configs import default, mt_cpu, mt_files
+from stablemoe_jax.commands import analyze as analyze_command
+from stablemoe_jax.commands import translate as translate_command
+from stablemoe_jax.core.errors import ConfigError, DataNotFoundError
+from stablemoe_jax.data.translation import batches as batch_lib
+from stablemoe_jax.data.translation import pipeline as mt_pipeline
+from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID
+from stablemoe_jax.experiment import config_validation, loop
+from stablemoe_jax.train import checkpoint as ckpt_lib
+
+
+def _tree(root: pathlib.Path) -> dict[str, bytes | None]:
+  """Every path under ``root`` with its bytes (None: a folder), to compare a workdir before and after."""
+  return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+
+
+def _workdir(tmp_path: pathlib.Path, kind: str) -> pathlib.Path:
+  """A workdir without a checkpoint: one that does not exist, or one holding a note and an empty checkpoints/."""
+  workdir = tmp_path / "run"
+  if kind == "existing":
+    (workdir / "checkpoints").mkdir(parents=True)
+    (workdir / "notes.txt").write_text("mine\n")
+  return workdir
+
+
+def _save_checkpoint(directory: pathlib.Path, step: int) -> None:
+  config = ml_collections.ConfigDict({"model": {"moe": {"num_groups": 1}}, "data": {}})
+  checkpointer = ckpt_lib.Checkpointer(directory, config)
+  checkpointer.save(step, {"w": jnp.ones(3)}, {"next_index": step})
+  checkpointer.wait()
+  checkpointer.close()
+
+
+# --- a mode that reads a checkpoint, without one ---------------------------------------------------------------------
+
+def _no_corpus_config():
+  config = default.get_config()
+  config.data.data_dir = "/nonexistent/ptb"  # the old order reached the corpus (and wrote the workdir) first
+  return config
+
+
+@pytest.mark.parametrize("kind", ["missing", "existing"])
+@pytest.mark.parametrize("mode", ["eval", "analyze", "translate"])
+def test_a_checkpoint_mode_without_a_checkpoint_stops_before_writing_anything(tmp_path, mode, kind):
+  workdir = _workdir(tmp_path, kind)
+  before = _tree(tmp_path)
+  source = tmp_path / "in.txt"
+  if mode == "translate":
+    source.write_text("ein Satz\n")
+    before = _tree(tmp_path)
+    config = mt_cpu.get_config()
+    config.data.data_dir = "/nonexistent/mt"
+    call = lambda: translate_command.translate_file(config, workdir, None, "de", str(source), str(tmp_path / "o"))
+  elif mode == "analyze":
+    call = lambda: analyze_command.analyze_checkpoint(_no_corpus_config(), workdir)
+  else:
+    call = lambda: loop.evaluate_checkpoint(_no_corpus_config(), workdir)
+  with pytest.raises(FileNotFoundError) as error:
+    call()
+  assert str(error.value) == (f"no checkpoint in {workdir / 'checkpoints'}; train first with --mode=train and this "
+                              f"--workdir.")
+  assert _tree(tmp_path) == before and workdir.exists() is (kind == "existing")
+
+
+@pytest.mark.parametrize("mode, config, extra", [("eval", "configs/default.py", []),
+                                                 ("analyze", "configs/default.py", []),
+                                                 ("translate", "configs/mt_cpu.py", ["--src_lang=de"])])
+def test_the_command_line_exits_2_with_one_line_and_creates_no_workdir(tmp_path, mode, config, extra):
+  workdir = tmp_path / "mistyped" / "run"
+  result = subprocess.run([sys.executable, "-m", "stablemoe_jax.main", "--config", config, "--workdir", str(workdir),
+                           f"--mode={mode}", *extra], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL,
+                          env={**os.environ, "STABLEMOE_DATA_DIR": str(tmp_path / "nowhere")})
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+  assert errors == [f"error: no checkpoint in {workdir / 'checkpoints'}; train first with --mode=train and this "
+                    f"--workdir."]
+  assert list(tmp_path.iterdir()) == []  # neither the workdir nor its parent
+
+
+def test_eval_at_a_step_that_was_not_saved_names_the_saved_ones_before_writing(tmp_path):
+  workdir = tmp_path / "run"
+  _save_checkpoint(workdir / "checkpoints", 2)
+  (workdir / "checkpoints" / "9.orbax-checkpoint-tmp-1").mkdir()  # an unfinished save is no step
+  before = _tree(tmp_path)
+  with pytest.raises(FileNotFoundError, match=r"no checkpoint for step 9 in .*; available steps: \[2\]"):
+    loop.evaluate_checkpoint(_no_corpus_config(), workdir, step=9)
+  assert _tree(tmp_path) == before
+  loop.require_checkpoint(workdir)  # the latest, and step 2 itself, are there
+  loop.require_checkpoint(workdir, 2)
+
+
+def test_complete_steps_are_the_numbered_folders_with_a_saved_config(tmp_path):
+  directory = tmp_path / "checkpoints"
+  assert ckpt_lib.complete_steps(directory) == [] and not directory.exists()  # nothing created
+  _save_checkpoint(directory, 4)
+  _save_checkpoint(directory, 10)
+  (directory / "12").mkdir()  # a numbered folder without its config: not a complete checkpoint
+  assert ckpt_lib.complete_steps(directory) == [4, 10]
+  assert ckpt_lib.saved_config(directory)["model"]["moe"]["num_groups"] == 1
+
+
+# --- a translation `files` corpus without its prepared shards --------------------------------------------------------
+
+def _mt_files_config():
+  config = mt_files.get_config()
+  config.data.pairs = "de-en,fr-en"
+  for split in ("train", "valid", "test"):
+    config.data[f"{split}_files"] = f"/nonexistent/{{pair}}/{split}.{{lang}}"
+  return config
+
+
+def test_mt_files_with_pairs_and_no_prepared_shards_stops_before_the_workdir_is_written(tmp_path):
+  workdir = tmp_path / "run"
+  with pytest.raises(DataNotFoundError) as error:
+    loop.Experiment(_mt_files_config(), workdir)
+  message = str(error.value)
+  assert message.startswith(f"data.corpus='files' is read from shards that {workdir / 'data'} does not hold: "
+                            f"prepare them first with `python -m stablemoe_jax.data.prepare --config CONFIG "
+                            f"--workdir {workdir} --workers 8 --config.data.pairs='de-en,fr-en' "
+                            f"--config.data.train_files='/nonexistent/{{pair}}/train.{{lang}}'")
+  assert "\n" not in message and not workdir.exists()
+
+
+def test_mt_files_with_its_prepared_manifest_is_not_refused(tmp_path):
+  manifest = tmp_path / "run" / "data" / "translation" / mt_pipeline.MANIFEST
+  config = _mt_files_config()
+  with pytest.raises(DataNotFoundError, match="--config configs/mt_files.py "):
+    config_validation.check_prepared(config, tmp_path / "run", "configs/mt_files.py")
+  manifest.parent.mkdir(parents=True)
+  manifest.write_text(json.dumps({}))
+  config_validation.check_prepared(config, tmp_path / "run", "configs/mt_files.py")  # no error
+
+
+# --- make_rows: a pair fits max_len or is one line ------------------------------------------------------------------
+
+def _one_pair(source_len: int, target_len: int) -> batch_lib.EncodedSet:
+  """A set of one pair: ``source_len`` source ids (tag and eos included), ``target_len`` bare target ids."""
+  source = [[7] + list(range(10, 10 + source_len - 2)) + [EOS_ID]]
+  target = [list(range(100, 100 + target_len))]
+  return batch_lib.EncodedSet("de-en", "valid", *batch_lib._flatten(source), *batch_lib._flatten(target))
+
+
+def test_a_target_of_max_len_minus_1_ids_fits_with_its_eos_in_the_last_position():
+  batch = batch_lib.make_rows([(_one_pair(3, 7), 0)], rows=2, max_len=8)
+  np.testing.assert_array_equal(batch["targets"][0], list(range(100, 107)) + [EOS_ID])
+  np.testing.assert_array_equal(batch["decoder_inputs"][0], [BOS_ID] + list(range(100, 107)))
+  np.testing.assert_array_equal(batch["weights"], [[1] * 8, [0] * 8])
+
+
+def test_a_target_of_exactly_max_len_ids_is_the_one_line_error():
+  """The source (3 positions) fits: only the target's branch of the check can refuse it."""
+  with pytest.raises(ValueError) as error:
+    batch_lib.make_rows([(_one_pair(3, 8), 0)], rows=1, max_len=8)
+  assert str(error.value) == ("a pair of de-en valid does not fit 8 positions (source 3, target + eos 9); pass pairs "
+                              "that fit.")
+
+
+@pytest.mark.parametrize("source_len, fits", [(8, True), (9, False)])
+def test_a_source_fits_up_to_exactly_max_len_positions(source_len, fits):
+  rows = [(_one_pair(source_len, 2), 0)]
+  if fits:
+    assert batch_lib.make_rows(rows, rows=1, max_len=8)["source"][0, -1] == EOS_ID
+  else:
+    with pytest.raises(ValueError, match=r"does not fit 8 positions \(source 9, target \+ eos 3\)"):
+      batch_lib.make_rows(rows, rows=1, max_len=8)
+
+
+@pytest.mark.parametrize("count, max_len, buckets", [(1, 64, (64,)), (3, 64, (16, 32, 64)), (7, 64, (1, 2, 4, 8,
+                                                                                                     16, 32, 64))])
+def test_length_buckets_halve_down_to_the_last_even_split(count, max_len, buckets):
+  assert batch_lib.length_buckets(count, max_len) == buckets
+
+
+@pytest.mark.parametrize("count, max_len", [(0, 64), (8, 64), (2, 63)])
+def test_length_buckets_that_do_not_halve_evenly_are_refused(count, max_len):
+  with pytest.raises(ValueError, match=f"data.length_buckets={count} needs train.seq_len={max_len} divisible"):
+    batch_lib.length_buckets(count, max_len)
+
+
+# --- the config's train and eval bounds, both sides ------------------------------------------------------------------
+
+@pytest.mark.parametrize("key, value, ok", [
+    ("train.stage1_steps", 850, True), ("train.stage1_steps", 851, False), ("train.stage1_steps", 0, True),
+    ("train.stage1_steps", -1, False),
+    ("train.warmup_steps", 849, True), ("train.warmup_steps", 850, False), ("train.warmup_steps", 0, True),
+    ("train.steps", 1, True), ("train.steps", 0, False),
+    ("train.microbatches", 4, True), ("train.microbatches", 3, False),  # batch_size 16 (default)
+    ("train.router_lr_scale", 0.0, False), ("train.router_warmup_steps", -1, False),
+    ("train.seq_len", 128, True), ("train.seq_len", 129, False), ("train.seq_len", 0, False),  # model.max_len 128
+    ("eval.stride", 128, True), ("eval.stride", 129, False), ("eval.stride", 0, True),  # eval.seq_len 128
+    ("eval.max_batches", 0, True), ("eval.max_batches", -1, False),
+    ("train.log_every", 0, False), ("train.keep_checkpoints", 1, True),
+])
+def test_train_and_eval_bounds_on_both_sides(key, value, ok):
+  config = default.get_config()
+  section, name = key.split(".")
+  assert (config.train.steps, config.train.batch_size, config.model.max_len, config.eval.seq_len) == (850, 16, 128, 128)
+  config[section][name] = value
+  if key == "train.steps":
+    config.train.stage1_steps = config.train.warmup_steps = 0
+  if ok:
+    config_validation.validate_config(config)
+  else:
+    with pytest.raises(ConfigError, match=re.escape(f"{key}={value}")):
+      config_validation.validate_config(config)

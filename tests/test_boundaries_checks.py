@@ -26,6 +26,7 @@ from stablemoe_jax.data.translation import batches as batch_lib
 from stablemoe_jax.data.translation import pipeline as mt_pipeline
 from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID
 from stablemoe_jax.experiment import config_validation, loop
+from stablemoe_jax.experiment import plan as plan_lib
 from stablemoe_jax.train import checkpoint as ckpt_lib
 
 
@@ -224,3 +225,93 @@ def test_train_and_eval_bounds_on_both_sides(key, value, ok):
   else:
     with pytest.raises(ConfigError, match=re.escape(f"{key}={value}")):
       config_validation.validate_config(config)
+
+
+# --- what a checkpoint's config is compared on -----------------------------------------------------------------------
+
+def _saved(**changes) -> dict:
+  config = default.get_config()
+  config.model.vocab_size = 10000
+  saved = config.to_dict()
+  for key, value in changes.items():
+    section, name = key.split(".", 1)
+    target = saved[section]
+    *parents, leaf = name.split(".")
+    for parent in parents:
+      target = target[parent]
+    target[leaf] = value
+  return saved
+
+
+def _differs(changes: dict, for_training: bool) -> list[str]:
+  return ckpt_lib._differences(ckpt_lib._comparable(_saved(), for_training),  # pylint: disable=protected-access
+                               ckpt_lib._comparable(_saved(**changes), for_training))  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("key, value", [
+    ("train.log_every", 7), ("train.eval_every", 7), ("train.eval_batches", 7), ("train.checkpoint_every", 7),
+    ("train.keep_checkpoints", 7),  # how a run is watched and saved, not what it computes
+    ("model.moe.dispatcher", "grouped"), ("model.moe.eval_dispatcher", "grouped"), ("model.moe.block_size", 7),
+    ("data.data_dir", "/elsewhere"), ("data.tfds_data_dir", "/elsewhere"),  # where the inputs lie
+    ("mesh.expert", 4),  # the layout is never compared
+])
+def test_a_resumption_restores_across_settings_that_do_not_change_the_result(key, value):
+  assert _differs({key: value}, for_training=True) == []
+
+
+@pytest.mark.parametrize("key, value", [("train.learning_rate", 1e-3), ("train.steps", 900), ("seed", 5)])
+def test_a_resumption_refuses_another_training_setting_an_evaluation_does_not(key, value):
+  changes = {key: value} if key != "seed" else {}
+  saved, current = _saved(), _saved(**changes)
+  if key == "seed":
+    current["seed"] = value
+  compare = lambda training: ckpt_lib._differences(  # pylint: disable=protected-access
+      ckpt_lib._comparable(saved, training), ckpt_lib._comparable(current, training))  # pylint: disable=protected-access
+  assert len(compare(True)) == 1 and compare(True)[0].startswith(key)
+  assert compare(False) == []
+
+
+@pytest.mark.parametrize("key, value", [("model.d_model", 64), ("model.moe.num_experts", 4), ("data.tokenizer",
+                                                                                                 "sentencepiece")])
+def test_any_checkpoint_use_refuses_another_model_or_data_setting(key, value):
+  assert [line.split(":")[0] for line in _differs({key: value}, for_training=False)] == [key]
+
+
+def test_an_old_config_without_a_task_is_a_language_model_and_inverse_sqrt_drops_the_step_count():
+  old, lm, translation = _saved(), _saved(), _saved()
+  assert "task" not in old  # the default's config names no task
+  lm["task"], translation["task"] = "lm", "translation"
+  compare = lambda a, b: ckpt_lib._differences(ckpt_lib._comparable(a, False),  # pylint: disable=protected-access
+                                               ckpt_lib._comparable(b, False))  # pylint: disable=protected-access
+  assert compare(old, lm) == []
+  assert compare(old, translation) == ["task: checkpoint 'lm', this config 'translation'"]
+  longer = {"train.schedule": "inverse_sqrt", "train.steps": 2000}
+  base = _saved(**{"train.schedule": "inverse_sqrt"})
+  assert ckpt_lib._differences(ckpt_lib._comparable(base, True),  # pylint: disable=protected-access
+                               ckpt_lib._comparable(_saved(**longer), True)) == []  # pylint: disable=protected-access
+  assert _differs({"train.steps": 2000}, for_training=True) == ["train.steps: checkpoint 850, this config 2000"]
+
+
+# --- the plan: its flags, and "fits" at exactly the memory -----------------------------------------------------------
+
+@pytest.mark.parametrize("devices, memory, message", [(None, 80.0, "needs --plan_devices=N"),
+                                                       (0, 80.0, "needs --plan_devices=N"),
+                                                       (1, 0.0, "--plan_memory_gib=0.0 must be positive")])
+def test_plan_flags_are_refused_at_their_bounds(devices, memory, message):
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    plan_lib.check_plan_flags(devices, memory)
+
+
+def test_plan_flags_accept_one_device_and_any_positive_memory():
+  plan_lib.check_plan_flags(1, 1e-9)
+
+
+def test_the_plan_fits_at_exactly_the_memory_and_not_one_byte_less():
+  config = default.get_config()
+  config.model.vocab_size = 10000
+  first = plan_lib.plan(config, 1, 80.0, compile_step=False)
+  total = sum(round(first[key] * plan_lib.GIB) for key in ("params_gib_per_device", "opt_state_gib_per_device",
+                                                           "grads_gib_per_device", "activations_gib_per_device"))
+  assert plan_lib.plan(config, 1, total / plan_lib.GIB, compile_step=False)["fits_with_config_microbatches"]
+  less = plan_lib.plan(config, 1, (total - 1) / plan_lib.GIB, compile_step=False)
+  assert not less["fits_with_config_microbatches"] and less["smallest_microbatches_that_fit"] == 2

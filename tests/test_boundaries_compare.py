@@ -213,3 +213,27 @@ def test_an_old_summary_whose_last_window_is_balanced_stays_alive(tmp_path):
 def test_the_runner_leaves_a_summary_without_health_as_it_is(tmp_path):
   summary = {"valid": {"perplexity": 1.0}}
   assert runner.judged(summary, tmp_path) is summary
+
+
+@pytest.mark.parametrize("text, values", [("2.0, 40", [2, 40]), ("1e2", [100]), (" , 3,", [3])])
+def test_grid_warmups_accept_whole_numbers_in_any_spelling(text, values):
+  assert sweep._values(text, int, "warmup_steps") == values  # pylint: disable=protected-access
+
+
+# --- where the runner finds a finished run ---------------------------------------------------------------------------
+
+def test_a_finished_run_is_read_from_its_workdir_before_the_results_copy_and_exported_once(tmp_path):
+  workdir, results = tmp_path / "work", tmp_path / "results"
+  _write_run(workdir / "moe" / "seed0", [0.125] * 8)
+  assert runner.find_finished(workdir / "moe" / "seed0", results / "moe" / "seed0") == workdir / "moe" / "seed0"
+  assert runner.find_finished(tmp_path / "none", None) is None
+  _, source, status = runner.train_run(None, workdir, "moe/seed0", print, "[1/1]", results, train=False)
+  assert source == workdir / "moe" / "seed0" and status == "finished earlier"
+  exported = results / "moe" / "seed0"
+  assert sorted(p.name for p in exported.iterdir()) == ["metrics.jsonl", "summary.json"]  # no routing records
+  assert (exported / "summary.json").read_bytes() == (workdir / "moe" / "seed0" / "summary.json").read_bytes()
+  assert runner.find_finished(tmp_path / "elsewhere", exported) == exported
+
+
+def test_an_unfinished_run_in_report_only_is_not_trained(tmp_path):
+  assert runner.train_run(None, tmp_path, "moe/seed0", print, "[1/1]", None, train=False) is None

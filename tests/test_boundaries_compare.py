@@ -237,3 +237,9 @@ def test_a_finished_run_is_read_from_its_workdir_before_the_results_copy_and_exp
 
 def test_an_unfinished_run_in_report_only_is_not_trained(tmp_path):
   assert runner.train_run(None, tmp_path, "moe/seed0", print, "[1/1]", None, train=False) is None
+
+
+@pytest.mark.parametrize("steps, suffix", [(850, "seed0"), (600, "steps600_seed0")])
+def test_a_grid_run_under_a_shorter_budget_has_a_folder_of_its_own(steps, suffix):
+  grid = sweep.Grid((sweep.Setting(4e-3, 400),), steps)
+  assert sweep.grid_relative("base", grid.settings[0], grid, 850) == f"base/lr0.004_warmup400/{suffix}"

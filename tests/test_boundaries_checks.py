@@ -21,7 +21,7 @@ from conftest import REPO
 from configs import default, mt_cpu, mt_files
 from stablemoe_jax.commands import analyze as analyze_command
 from stablemoe_jax.commands import translate as translate_command
-from stablemoe_jax.core.errors import ConfigError, DataNotFoundError
+from stablemoe_jax.core.errors import ConfigError, DataError, DataNotFoundError
 from stablemoe_jax.data.translation import batches as batch_lib
 from stablemoe_jax.data.translation import pipeline as mt_pipeline
 from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID
@@ -185,6 +185,43 @@ def test_a_source_fits_up_to_exactly_max_len_positions(source_len, fits):
   else:
     with pytest.raises(ValueError, match=r"does not fit 8 positions \(source 9, target \+ eos 3\)"):
       batch_lib.make_rows(rows, rows=1, max_len=8)
+
+
+def _pairs(lengths: list[tuple[int, int]]) -> batch_lib.EncodedSet:
+  """One set, a pair per (source positions, target ids)."""
+  sources = [[7] + [11] * (s - 2) + [EOS_ID] for s, _ in lengths]
+  targets = [[12] * t for _, t in lengths]
+  return batch_lib.EncodedSet("de-en", "train", *batch_lib._flatten(sources), *batch_lib._flatten(targets))
+
+
+def test_the_pairs_that_fit_are_those_make_rows_accepts():
+  encoded = _pairs([(8, 7), (9, 7), (8, 8), (3, 0), (2, 1)])
+  np.testing.assert_array_equal(encoded.fitting(8), [0, 3, 4])
+  batch_lib.make_rows([(encoded, int(i)) for i in encoded.fitting(8)], rows=3, max_len=8)
+  for refused in (1, 2):
+    with pytest.raises(ValueError, match="does not fit 8 positions"):
+      batch_lib.make_rows([(encoded, refused)], rows=1, max_len=8)
+
+
+@pytest.mark.parametrize("lengths, fits", [([(8, 7)], True), ([(9, 7), (8, 8)], False)])
+def test_training_needs_one_pair_of_each_language_pair_that_fits(lengths, fits):
+  make = lambda: batch_lib.MixedPairIterator([_pairs(lengths)], batch_size=2, max_len=8, seed=0, temperature=1.0)
+  if fits:
+    assert next(make())["source"].shape == (2, 8)
+  else:
+    with pytest.raises(DataError, match=r"no training pair of de-en fits train.seq_len=8; raise it."):
+      make()
+
+
+@pytest.mark.parametrize("batch_size, processes, ok", [(4, 2, True), (4, 4, True), (6, 4, False)])
+def test_the_batch_splits_evenly_over_the_processes(batch_size, processes, ok):
+  make = lambda: batch_lib.MixedPairIterator([_pairs([(4, 3)])], batch_size, 8, seed=0, temperature=1.0,
+                                             shard_count=processes)
+  if ok:
+    assert next(make())["source"].shape == (batch_size // processes, 8)
+  else:
+    with pytest.raises(ValueError, match=f"train.batch_size={batch_size} must be a multiple of the {processes}"):
+      make()
 
 
 @pytest.mark.parametrize("count, max_len, buckets", [(1, 64, (64,)), (3, 64, (16, 32, 64)), (7, 64, (1, 2, 4, 8,

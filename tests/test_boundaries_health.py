@@ -244,3 +244,22 @@ def test_the_final_contribution_reads_contribution_batches(section, batches, rec
   assert exp.calls == [("test", batches), ("test", batches)] and result["batches"] == recorded
   assert result["layers"]["moe_0"]["relative_perplexity_increase"] == pytest.approx(160 / 150 - 1)
   assert result["split"] == "test"
+
+
+# --- replay up to the checkpoint, and which layers the verdict names -------------------------------------------------
+
+@pytest.mark.parametrize("up_to, dead_at", [(20, [20]), (19, [])])
+def test_replay_observes_the_records_up_to_the_checkpoint_and_not_past_it(up_to, dead_at):
+  records = [{"step": 10, **_window()}, {"step": 20, **_window(load=ONE_EXPERT)}]
+  guard = health.CollapseGuard(_settings(after_step=0, patience=1))
+  assert [c.step for c in guard.replay(records, up_to)] == dead_at
+  assert guard.observe(30, _window()) == [] and guard.last_window_step == 30
+
+
+def test_the_verdict_judges_a_layer_known_only_by_its_load_or_only_by_its_contribution():
+  section = {"layers": {"moe_0": {"top2_load": 0.95, "num_experts": 8.0}},
+             "contribution": {"layers": {"moe_1": {"relative_perplexity_increase": 0.002}}}}
+  judged = health.verdict(section)
+  assert judged["dead_layers"] == ["moe_0", "moe_1"]
+  assert judged["verdict"]["moe_0"]["contribution"] is None and judged["verdict"]["moe_1"]["top2_load"] is None
+  assert health.least_contribution(section) == 0.002 and health.least_contribution({"layers": {}}) is None

@@ -50,6 +50,7 @@ _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "Number of CPU devices this process gets (sets jax_num_cpu_devices before JAX starts), "
     "to try a mesh on a laptop; same as XLA_FLAGS=--xla_force_host_platform_device_count=N.")
 flags.mark_flags_as_required(["config", "workdir"])
+CHECKPOINT_MODES = ("eval", "analyze", "translate")  # the modes that read a checkpoint of --workdir
 
 
 def main(argv: list[str]) -> None:
@@ -68,6 +69,8 @@ def main(argv: list[str]) -> None:
   log = sys.stderr if _MODE.value == "translate" else sys.stdout  # translate's stdout is the translations
   if jax.process_index() == 0:
     print(f"{jax.process_count()} process(es), devices: {jax.devices()}", file=log, flush=True)
+  if _MODE.value in CHECKPOINT_MODES:  # no checkpoint to read: one line, before anything is built or written
+    loop.require_checkpoint(_WORKDIR.value, _STEP.value)
   if _MODE.value != "plan":  # a corpus only `data.prepare` prepares: one line naming it with this --config
     config_validation.check_prepared(_CONFIG.value, _WORKDIR.value,
                                      config_flags.get_config_filename(flags.FLAGS["config"]))

@@ -277,3 +277,35 @@ def test_no_committed_run_whose_layer_is_worth_3_percent_is_dead():
   assert len(judged) >= 80
   assert all(alive for worth, alive in judged if worth >= 0.03)
   assert not any(alive for worth, alive in judged if worth < 0.005)
+
+
+def test_every_committed_summary_stores_the_verdict_the_reports_make():
+  """Each committed ``results/**/summary.json`` stores today's verdict (``ok``, ``dead_layers``, ``verdict``): the
+  runner's re-judging (what every report reads) leaves it as it is, and by hand a layer is dead exactly when removing
+  it costs less than the recorded (else 1%) minimum or the two busiest of its N > 2 experts took more than 90% of
+  the tokens in the last logged window."""
+  import json, pathlib  # pylint: disable=import-outside-toplevel,multiple-imports
+  from stablemoe_jax.compare import runner  # pylint: disable=import-outside-toplevel
+  root = pathlib.Path(__file__).resolve().parents[1] / "results"
+  paths = sorted(root.rglob("summary.json"))
+  assert len(paths) >= 147
+  for path in paths:
+    summary = json.loads(path.read_text())
+    stored = summary["health"]
+    assert runner.judged(summary, path.parent)["health"] == stored, path
+    minimum = (stored.get("guard") or {}).get("min_contribution", 0.01)
+    records = read_metrics(path.parent)
+    dead = []
+    for layer, worth in stored["contribution"]["layers"].items():
+      loads = [r[f"moe/{layer}/load"] for r in records if f"moe/{layer}/load" in r]
+      values = stored["layers"][layer]
+      load = sorted(loads[-1], reverse=True) if loads else None
+      top2 = values.get("top2_load", None if load is None else load[0] + load[1])
+      experts = values.get("num_experts", None if load is None else len(load))
+      if worth["relative_perplexity_increase"] < minimum or (top2 is not None and experts > 2 and top2 > 0.9):
+        dead.append(layer)
+    assert stored["dead_layers"] == dead and stored["ok"] is (not dead), path
+  # The issue's example: BASE at 4e-3 / 400, seed 1, worth +5.3%, stored "dead" by the old gate rule, alive now.
+  base = json.loads((root / "tune_h100" / "base" / "lr0.004_warmup400" / "seed1" / "summary.json").read_text())["health"]
+  assert base["ok"] and base["dead_layers"] == [] and base["verdict"]["moe_0"]["contribution"] == pytest.approx(0.0531,
+                                                                                                              abs=1e-4)

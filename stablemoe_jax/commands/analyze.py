@@ -24,6 +24,7 @@ def analyze_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathlib
     raise ConfigError("this is a dense model (model.moe.enabled=False or model.dense_match set): it has no routing "
                       "to analyse; "
                       "use the config the run was trained with.")
+  loop.require_checkpoint(workdir, step)  # before anything is built or written
   exp = loop.Experiment(config, workdir)
   try:
     step, state = exp.restore_for_evaluation(step)

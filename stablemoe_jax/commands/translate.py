@@ -45,6 +45,7 @@ def translate_file(config, workdir, step: int | None, src_lang: str, input_path:
   if task_name(config) != "translation":
     raise ConfigError(f"--mode=translate needs a translation config (task='translation'); --config has task="
                       f"{task_name(config)!r}.")
+  loop.require_checkpoint(workdir, step)  # before the input is read and anything is built or written
   lines = read_lines(input_path)  # before anything is built: bad input costs nothing
   exp = loop.Experiment(config, workdir)
   try:

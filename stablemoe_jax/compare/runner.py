@@ -124,6 +124,19 @@ def judged(summary: dict, source: pathlib.Path) -> dict:
   return {**summary, "health": {**summary["health"], **verdict}}
 
 
+def write_verdict(source: pathlib.Path) -> bool:
+  """Writes :func:`judged`'s verdict (``ok``, ``dead_layers``, ``verdict``) into ``source/summary.json``, every other
+  key as it was (the raw measures; what the guard flagged in training, an old guard's ``reasons`` included), so the
+  file read by hand says what the reports say. True when the file changed."""
+  path = pathlib.Path(source) / "summary.json"
+  text = path.read_text()
+  updated = json.dumps(judged(json.loads(text), pathlib.Path(source)), indent=2)
+  if updated == text:
+    return False
+  path.write_text(updated)
+  return True
+
+
 def _load_summary(source: pathlib.Path) -> dict:
   return judged(json.loads((source / "summary.json").read_text()), source)
 

@@ -322,9 +322,17 @@ def device_record() -> dict:
           "processes": jax.process_count()}
 
 
+def require_checkpoint(workdir: str | pathlib.Path, step: int | None = None) -> None:
+  """FileNotFoundError, one line naming ``workdir/checkpoints``, unless the run there saved a checkpoint (at
+  ``step``, when given): the first check of every mode that reads one, made on the files alone."""
+  ckpt_lib.require_checkpoint(pathlib.Path(workdir) / "checkpoints", step)
+
+
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
                         step: int | None = None, split: str = "valid") -> dict:
-  """Restores the checkpoint at ``step`` (default: latest) and reports perplexity on ``split``."""
+  """Restores the checkpoint at ``step`` (default: latest) and reports perplexity on ``split``; without that
+  checkpoint, FileNotFoundError before anything is built or written (:func:`require_checkpoint`)."""
+  require_checkpoint(workdir, step)
   exp = Experiment(config, workdir)
   try:
     step, state = exp.restore_for_evaluation(step)

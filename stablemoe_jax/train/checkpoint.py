@@ -125,18 +125,38 @@ class Checkpointer:
     self._manager.close()
 
 
-def saved_config(directory: pathlib.Path) -> dict | None:
-  """The config saved with the latest checkpoint under ``directory`` (None: no checkpoint there).
+def complete_steps(directory: pathlib.Path) -> list[int]:
+  """The steps of the complete checkpoints under ``directory``, ascending ([] when it holds none or does not exist).
 
   Read from the files (``STEP/config/metadata``, the JSON that ``Checkpointer.save`` writes; orbax names a step's
-  folder by its number only once it is complete), not through a CheckpointManager: no collective, so any process may
-  call it before the run's Checkpointer exists."""
+  folder by its number only once it is complete), not through a CheckpointManager: no collective and nothing
+  created, so any process may call it before the run's Checkpointer exists, on any path."""
   directory = pathlib.Path(directory)
-  steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit() and (p / "config" / "metadata").is_file()
-           ] if directory.is_dir() else []
+  if not directory.is_dir():
+    return []
+  return sorted(int(p.name) for p in directory.iterdir()
+                if p.name.isdigit() and (p / "config" / "metadata").is_file())
+
+
+def require_checkpoint(directory: pathlib.Path, step: int | None = None) -> None:
+  """Raises FileNotFoundError (one line) unless ``directory`` holds a complete checkpoint, at ``step`` if given.
+
+  What a mode that reads a checkpoint (eval, analyze, translate) checks first, before anything is built, prepared
+  or written: a mistyped ``--workdir`` costs nothing and leaves nothing behind."""
+  steps = complete_steps(directory)
+  if not steps:
+    raise FileNotFoundError(f"no checkpoint in {directory}; train first with --mode=train and this --workdir.")
+  if step is not None and step not in steps:
+    raise FileNotFoundError(f"no checkpoint for step {step} in {directory}; available steps: {steps}")
+
+
+def saved_config(directory: pathlib.Path) -> dict | None:
+  """The config saved with the latest complete checkpoint under ``directory`` (None: no checkpoint there), read
+  from its files (:func:`complete_steps`)."""
+  steps = complete_steps(directory)
   if not steps:
     return None
-  return json.loads((directory / str(max(steps)) / "config" / "metadata").read_text())
+  return json.loads((pathlib.Path(directory) / str(steps[-1]) / "config" / "metadata").read_text())
 
 
 def saved_num_groups(directory: pathlib.Path) -> int | None:

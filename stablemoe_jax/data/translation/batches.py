@@ -14,6 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from stablemoe_jax.core.constants import PAD_ID
+from stablemoe_jax.core.errors import DataError
 from stablemoe_jax.data.translation import corpora as parallel
 from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID, JointSentencePiece
 from stablemoe_jax.data.translation.pair_records import Segments, copy_segments, fitting_pairs

@@ -36,9 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Recompute decoder blocks and MoE layers in the backward pass: none | block | block_dots_saveable (saves
   # weight-matmul outputs). none: block costs 12% of the step on CPU (benchmarks/throughput.py) for no need here.
   config.model.remat = "none"
-  # Dense baselines with the MoE model's total parameters (model.moe describes that MoE model; the model has no
-  # MoE layer): "deeper" puts more FFN sublayers where the MoE layers were, "wider" the same sublayers, wider.
-  config.model.dense_match = "none"  # none | deeper | wider
+  # Dense baselines matched to the MoE model that model.moe describes (the model has no MoE layer): with its total
+  # parameters, "deeper" puts more FFN sublayers where the MoE layers were, "wider" the same sublayers, wider;
+  # "flops" puts one expert's FFN there (the compute a token of a top-1 MoE layer).
+  config.model.dense_match = "none"  # none | deeper | wider | flops
   # The LM head and its loss in chunks of this many tokens under jax.checkpoint, never writing the float32
   # [tokens, vocabulary] logits (stablemoe_jax/models/head.py; docs/speed.md). 0: off (the whole logits).
   config.model.loss_chunk_tokens = 0

@@ -2,12 +2,15 @@
 StableMoE freeze, each router's run): test_routers_training.py."""
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from flax import traverse_util
 from scipy.optimize import linear_sum_assignment
 
 from configs import default
@@ -18,7 +21,7 @@ from stablemoe_jax.models.base_router import BalancedAssignment
 from stablemoe_jax.models.hash_router import HashRouter, balanced_hash_table
 from stablemoe_jax.models.learned_router import DISTILLED_ROUTER_DEFAULTS, DistilledRouterSpec, LearnedRouter
 from stablemoe_jax.models.switch_router import SwitchSoftmax
-from stablemoe_jax.models.transformer import TransformerLM
+from stablemoe_jax.models.transformer import TransformerLM, moe_positions
 
 from conftest import MAIN, REPO
 
@@ -290,6 +293,27 @@ def test_dense_deeper_and_wider_match_the_moe_total_within_one_percent(placement
     else:
       assert w_in.shape[1] == (1 if placement == "scattered" else 2) and w_in.shape[-1] > 64  # wider sublayers
   assert standard < 0.7 * moe_total
+
+
+@pytest.mark.parametrize("placement, sublayers", [("middle", 2), ("scattered", 3)])
+def test_dense_flops_has_the_moe_models_flops_a_token_less_its_routers(placement, sublayers):
+  from stablemoe_jax.models import flops as flops_lib
+  config = tiny_model_config(placement=placement, sublayers_per_expert=sublayers)
+  init = lambda c: jax.eval_shape(lambda: TransformerLM(c).init(
+      jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.array(True)))["params"]
+  moe_params = init(config)
+  config.moe.enabled, config.dense_match = False, "flops"
+  dense_params = init(config)
+  flat = traverse_util.flatten_dict(nn.unbox(moe_params))
+  # The routers' matmuls: centroids [N, d] and the cosine routing's projection kernel (the default's affinity).
+  router = sum(2 * math.prod(v.shape) for k, v in flat.items() if "router" in k and k[-1] in ("centroids", "kernel"))
+  assert router > 0
+  assert (flops_lib.forward_flops_per_token(dense_params, 8)
+          == flops_lib.forward_flops_per_token(moe_params, 8) - router)
+  # By hand: each MoE position holds one FFN [1, s, d, d_ff] with s = sublayers_per_expert / positions (at least 1).
+  positions = len(moe_positions(config.num_layers, placement))
+  ffn = nn.unbox(dense_params)["dense_ffn_0"]
+  assert ffn["w_in"].shape == (1, max(1, sublayers // positions), 16, 32)
 
 
 # --- config errors -----------------------------------------------------------------------------------------------

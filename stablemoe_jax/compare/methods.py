@@ -68,6 +68,8 @@ METHODS = {m.name: m for m in [
     Method("dense", "dense Transformer (same shared layers)", {"model.moe.enabled": False}),
     Method("dense_deeper", "dense deeper (MoE total params)", {"model.dense_match": "deeper"}),
     Method("dense_wider", "dense wider (MoE total params)", {"model.dense_match": "wider"}),
+    Method("dense_flops", "dense, MoE FLOPs a token (one expert FFN where each MoE layer is)",
+           {"model.dense_match": "flops"}),
 ]}
 
 

@@ -12,7 +12,7 @@ from stablemoe_jax.models.transformer import (ATTENTION_IMPLEMENTATIONS, PLACEME
 from stablemoe_jax.parallel import mesh as mesh_lib
 
 DTYPES = ("float32", "bfloat16", "float16")
-DENSE_MATCHES = ("none", "deeper", "wider")
+DENSE_MATCHES = ("none", "deeper", "wider", "flops")
 
 
 def check_model(config, data_vocab_size: int | None = None) -> None:

@@ -70,6 +70,8 @@ def _dense_plan(config_json: str) -> tuple[int, int]:
   cfg.moe.enabled = False
   extra = (moe_total - count_params(cfg)) / len(moe_positions(cfg.num_layers, cfg.moe.placement))
   d, width = cfg.d_model, cfg.moe.d_ff or cfg.d_ff
+  if how == "flops":  # one expert's FFN: what a top-1 MoE layer computes for each token
+    return max(1, cfg.moe.sublayers_per_expert // len(moe_positions(cfg.num_layers, cfg.moe.placement))), width
   if how == "wider":
     sublayers = max(1, cfg.moe.sublayers_per_expert // len(moe_positions(cfg.num_layers, cfg.moe.placement)))
   else:
@@ -78,11 +80,13 @@ def _dense_plan(config_json: str) -> tuple[int, int]:
 
 
 def dense_match_plan(model_config) -> tuple[int, int]:
-  """(FFN sublayers, width) at each MoE position of the dense model matching the MoE model's total parameters.
+  """(FFN sublayers, width) at each MoE position of the dense model matching the MoE model.
 
   ``model.dense_match``: "deeper" keeps the expert width and adds sublayers (as many as the experts' parameters
   allow), "wider" keeps ``sublayers_per_expert`` and widens them; either way the width is then fitted so the
-  totals match to within one sublayer's rounding (a few hundred parameters).
+  total parameters match to within one sublayer's rounding (a few hundred parameters). "flops" matches the
+  compute a token instead: one expert's FFN (its sublayers and width) at each MoE position, which is what a top-1
+  MoE layer applies to each token (its router aside).
   """
   return _dense_plan(model_config.to_json())
 

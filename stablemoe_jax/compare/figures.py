@@ -45,7 +45,7 @@ def write_token_plot(rows: list[dict], path: pathlib.Path) -> str:
   rows = [row for row in rows if row.get("token_curve")]
   if not rows:
     return ""
-  _plot_validation(rows, "token_curve", 1e6, "training tokens (millions)", path)
+  _plot_validation(rows, "token_curve", 1e6, "scored training tokens (millions; translation: target tokens)", path)
   return f"\n![validation perplexity against training tokens]({path.name})\n"
 
 

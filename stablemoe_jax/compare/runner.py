@@ -47,12 +47,16 @@ def model_costs(config: ml_collections.ConfigDict, directory: pathlib.Path) -> d
 def validation_curves(directory: pathlib.Path, summary: dict, tokens_per_step: int) -> dict[str, list[list[float]]]:
   """One read of the run's metrics.jsonl: at every in-training validation, then the final one, ``"curve"``
   [[training seconds, valid perplexity], ...] and ``"token_curve"`` [[training tokens, valid perplexity], ...]."""
-  valid = [r for r in read_metrics(directory) if "valid/perplexity" in r]
+  records = read_metrics(directory)
+  valid = [r for r in records if "valid/perplexity" in r]
   final = summary["valid"]["perplexity"]
+  # Scored tokens (translation: real target tokens) where the run logged them, else every position of its steps.
+  counted = [r["trained_tokens"] for r in records if "trained_tokens" in r and r["step"] == summary["steps"]]
+  tokens = lambda r: r.get("trained_tokens", r["step"] * tokens_per_step)
   return {"curve": [[r["train_seconds"], r["valid/perplexity"]] for r in valid if "train_seconds" in r]
                    + [[summary["train_seconds"], final]],
-          "token_curve": [[r["step"] * tokens_per_step, r["valid/perplexity"]] for r in valid]
-                         + [[summary["steps"] * tokens_per_step, final]]}
+          "token_curve": [[tokens(r), r["valid/perplexity"]] for r in valid]
+                         + [[counted[-1] if counted else summary["steps"] * tokens_per_step, final]]}
 
 
 def routing_fluctuation(directory: pathlib.Path) -> dict | None:

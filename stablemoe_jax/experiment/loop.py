@@ -169,6 +169,11 @@ class Experiment:
     return agree / max(count, 1)
 
 
+def _scored_tokens(window: list[dict]) -> float:
+  """The scored tokens of a window's fetched step metrics (0 for a task without loss weights)."""
+  return float(sum(m.get("scored_tokens", 0.0) for m in window))
+
+
 def _check_finite(loss: float, step: int, last_checkpoint: int | None) -> None:
   if not math.isfinite(loss):
     raise NonFiniteLossError(
@@ -226,6 +231,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   last_checkpoint = start if start else None
   # Training seconds (evaluations excluded) summed over this run and the runs it resumes.
   train_seconds = (last_logged(exp.workdir, "train_seconds", start) or 0.0) if start else 0.0
+  # Scored training tokens (the loss's weights: translation's real target tokens) up to the last logged window;
+  # logged with every window, evaluation and checkpoint, so a resumption continues the count exactly.
+  trained_tokens = (last_logged(exp.workdir, "trained_tokens", start) or 0.0) if start else 0.0
   train_step = exp.jit_train_step()
   tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
   started = mark = time.time()
@@ -249,6 +257,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         train_seconds, mark = train_seconds + now - mark, now
         averaged["tokens_per_second"] = len(window) * tokens_per_step / elapsed
         averaged["train_seconds"] = train_seconds
+        trained_tokens += _scored_tokens(window)
+        averaged["trained_tokens"] = trained_tokens
         _check_finite(float(averaged["loss"]), step, last_checkpoint)
         if writer:
           writer.write(step, averaged)
@@ -273,7 +283,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         if writer:
           writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"],
                               **{f"moe/{layer}/contribution": value for layer, value in worth.items()},
-                              "train_seconds": train_seconds})
+                              "train_seconds": train_seconds,
+                              "trained_tokens": trained_tokens + _scored_tokens(jax.device_get(window_metrics))})
         progress.write(f"step {step}: valid perplexity {valid['perplexity']:.2f}"
                        + "".join(f", {layer} worth {value:+.2%}" for layer, value in worth.items()))
         _handle_collapses(guard, guard.observe_contribution(step, worth), last_checkpoint)
@@ -282,6 +293,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         return {"stopped_at_step": step}
       if step % train_cfg.checkpoint_every == 0 or step == train_cfg.steps:
         _check_finite(float(metrics["loss"]), step, last_checkpoint)
+        if writer and window_metrics:  # the count a resumption from this checkpoint starts from
+          writer.write(step, {"trained_tokens": trained_tokens + _scored_tokens(jax.device_get(window_metrics))})
         exp.checkpointer.save(step, state, train_iter.get_state())
         last_checkpoint = step
     progress.close()

@@ -111,6 +111,8 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task=None) 
       params = renormalize(params)
     metrics.update(grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step),
                    stage=jnp.where(stage1, 1, 2))
+    if "weights" in batch:  # the positions the loss scores (translation: real target tokens)
+      metrics["scored_tokens"] = jnp.sum(batch["weights"])
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   return train_step

@@ -62,6 +62,31 @@ def test_paired_differences_read_each_method_against_its_baseline(differences, w
   assert entry["test"]["high"] > entry["test"]["low"] and entry["test"]["reading"] == words
 
 
+def test_translation_runs_are_paired_on_valid_nll_and_average_bleu_by_hand():
+  def record(method, seed, nll, bleu):
+    return {"method": method, "seed": seed, "summary": {
+        "valid": {"perplexity": math.exp(nll), "loss": nll}, "test": {"perplexity": 1.0},
+        "bleu": {"average": bleu}}}
+  records = [record("dense", s, nll, b) for s, (nll, b) in enumerate([(3.0, 20.0), (3.1, 19.0), (2.9, 21.0)])]
+  records += [record("stablemoe", s, nll, b) for s, (nll, b) in enumerate([(2.9, 21.0), (2.98, 19.5), (2.82, 23.0)])]
+  entry = paired.paired_differences(records)["stablemoe"]
+  assert entry["valid_nll"]["differences"] == pytest.approx([-0.1, -0.12, -0.08])
+  bleu = [1.0, 0.5, 2.0]
+  assert entry["bleu"]["differences"] == pytest.approx(bleu)
+  mean = sum(bleu) / 3
+  half = T_975_2 * math.sqrt(sum((b - mean) ** 2 for b in bleu) / 2) / math.sqrt(3)
+  assert (entry["bleu"]["low"], entry["bleu"]["high"]) == pytest.approx((mean - half, mean + half))
+  assert entry["bleu"]["reading"] == "not distinguishable"  # 1.17 +- 1.90 straddles 0
+  half = T_975_2 * 0.02 / math.sqrt(3)  # the NLL differences' sd is 0.02: -0.100 +- 0.050 lies below 0
+  assert (entry["valid_nll"]["low"], entry["valid_nll"]["high"]) == pytest.approx((-0.1 - half, -0.1 + half))
+  assert entry["valid_nll"]["reading"] == "lower"
+  table = paired.markdown({"stablemoe": entry}, {})
+  assert "valid NLL difference" in table and "| +1.17 [" in table and "| -0.100 [-0.150, -0.050] | lower |" in table
+  # A pair with an LM run (no BLEU) is paired on perplexity only.
+  records.append({"method": "lm", "seed": 0, "summary": {"valid": {"perplexity": 9.0}, "test": {"perplexity": 9.0}}})
+  assert "bleu" not in paired.paired_differences(records)["lm"]
+
+
 def test_a_method_whose_baseline_has_no_run_is_left_out():
   records = [{"method": "moe", "seed": 0, "summary": {"valid": {"perplexity": 1.0}, "test": {"perplexity": 1.0}}}]
   assert paired.paired_differences(records) == {}

@@ -26,7 +26,8 @@ def _summary(average, dead=()):
           "bleu": {"per_pair": per_pair, "average": average + 1.5, "signature": "nrefs:1|case:mixed"},
           "tokens_per_second": 100.0, "train_seconds": 60.0, "eval": {"mode": "teacher_forced_sentences"},
           "health": {"layers": layers, "dead_layers": list(dead),
-                     "contribution": {"layers": {"encoder_moe_1": {"relative_perplexity_increase": 0.05}}}}}
+                     "contribution": {"layers": {"encoder_moe_1": {"relative_perplexity_increase": 0.05},
+                                                 "decoder_moe_1": {"relative_perplexity_increase": average / 100}}}}}
 
 
 def test_translation_table_has_bleu_per_pair_and_marks_dead_layers():
@@ -44,6 +45,10 @@ def test_translation_table_has_bleu_per_pair_and_marks_dead_layers():
   lines = table.splitlines()
   assert "| 30.00 | 31.00 | 32.00 | 33.00 | 31.50 |" in lines[2]
   assert lines[3].startswith("| switch (DEAD LAYER) |") and "DEAD LAYER: decoder_moe_1 (seed 0)" in lines[3]
+  # Each layer's worth, the encoder's and the decoder's (the LM's one column shows only the least).
+  assert "valid PPL increase without each layer" in headers
+  assert "| decoder_moe_1 +30.00% / encoder_moe_1 +5.00% |" in lines[2]
+  assert "| decoder_moe_1 +20.00% / encoder_moe_1 +5.00% |" in lines[3]
 
 
 @pytest.mark.slow

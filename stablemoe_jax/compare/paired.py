@@ -13,6 +13,18 @@ import numpy as np
 from stablemoe_jax.experiment.config_validation import ConfigError
 
 METRICS = ("valid", "test")  # perplexity of each split, as summary.json has it
+# Translation runs (summary.json has "bleu") are also paired on the measures the paper's Table 4 reports.
+TRANSLATION_METRICS = ("valid_nll", "bleu")
+
+
+def metric_value(summary: dict, metric: str) -> float:
+  """A run's ``metric``: "valid" / "test" perplexity, "valid_nll" (validation NLL per target token), "bleu" (the
+  average test BLEU over the pairs)."""
+  if metric == "valid_nll":
+    return summary["valid"]["loss"]
+  if metric == "bleu":
+    return summary["bleu"]["average"]
+  return summary[metric]["perplexity"]
 
 
 def t_quantile(degrees_of_freedom: int, level: float = 0.95) -> float:
@@ -57,7 +69,8 @@ def paired_differences(records: list[dict], baseline: str = "dense",
 
   Returns:
     ``{method: {"baseline", "seeds": [...], "valid": {"differences", "n", "mean", "low", "high", "reading"},
-    "test": {...}}}``; a method whose baseline has no run is left out.
+    "test": {...}}}``, and "valid_nll" and "bleu" when every run of the pair reports BLEU (translation); a method
+    whose baseline has no run is left out.
   """
   by_method: dict[str, dict] = {}
   for r in records:
@@ -71,8 +84,9 @@ def paired_differences(records: list[dict], baseline: str = "dense",
       continue
     seeds = sorted(set(runs) & set(base))
     entry = {"baseline": against, "seeds": seeds}
-    for metric in METRICS:
-      differences = [runs[s][metric]["perplexity"] - base[s][metric]["perplexity"] for s in seeds]
+    translation = seeds and all("bleu" in runs[s] and "bleu" in base[s] for s in seeds)
+    for metric in METRICS + (TRANSLATION_METRICS if translation else ()):
+      differences = [metric_value(runs[s], metric) - metric_value(base[s], metric) for s in seeds]
       stats = interval(differences)
       entry[metric] = {"differences": differences, **stats, "reading": reading(stats)}
     result[method] = entry
@@ -93,18 +107,27 @@ def parse_pairs(text: str, methods: list[str]) -> dict[str, str]:
   return pairs
 
 
-def _cell(stats: dict) -> str:
+def _cell(stats: dict, digits: int = 2) -> str:
   if stats["mean"] is None:
     return "--"
   if stats["low"] is None:
-    return f"{stats['mean']:+.2f}"
-  return f"{stats['mean']:+.2f} [{stats['low']:+.2f}, {stats['high']:+.2f}]"
+    return f"{stats['mean']:+.{digits}f}"
+  return f"{stats['mean']:+.{digits}f} [{stats['low']:+.{digits}f}, {stats['high']:+.{digits}f}]"
 
 
 def markdown(paired: dict[str, dict], labels: dict[str, str]) -> str:
-  """The paired table: per method, its baseline, seeds, valid and test PPL difference with 95% intervals."""
+  """The paired table: per method, its baseline, seeds, valid and test PPL difference with 95% intervals (for
+  translation: validation NLL and average test BLEU)."""
   if not paired:
     return ""
+  if all("bleu" in entry for entry in paired.values()):
+    lines = ["| method | against | paired seeds | valid NLL difference [95% CI] | valid NLL "
+             "| average BLEU difference [95% CI] | BLEU |", "|---|---|---|---|---|---|---|"]
+    for method, entry in paired.items():
+      lines.append(f"| {labels.get(method, method)} | {labels.get(entry['baseline'], entry['baseline'])} | "
+                   f"{', '.join(str(s) for s in entry['seeds']) or '--'} | {_cell(entry['valid_nll'], 3)} | "
+                   f"{entry['valid_nll']['reading']} | {_cell(entry['bleu'])} | {entry['bleu']['reading']} |")
+    return "\n".join(lines) + "\n"
   lines = ["| method | against | paired seeds | valid PPL difference [95% CI] | test PPL difference [95% CI] "
            "| test PPL |", "|---|---|---|---|---|---|"]
   for method, entry in paired.items():

@@ -12,11 +12,15 @@ and shared). One JSON line each:
   forward + backward of the encoder, of the decoder without the head, of the tied head and its label-smoothed
   loss, and of the optimizer update, each jitted alone (median of 5 calls), beside the whole train step. MoE minus
   dense on the encoder and the decoder is what the MoE layers cost.
-* ``per_run`` (the first case and the last): what evaluation adds over a run of the config's ``train.steps``: the periodic
+* ``per_run`` (each case): what evaluation adds over a run of the config's ``train.steps``: the periodic
   evaluations (``train.eval_batches`` a point, again without each MoE layer), the routing records, the final
-  NLL and contribution checks, and the final BLEU (beam search measured on ``--decode_sentences`` sentences of
-  de-en ``test_2016_flickr``, then scaled to every test set and to the primary sets only). A model a few steps
-  from random initialisation never stops early, so its decoding time is an upper bound.
+  NLL and contribution checks (each case's batches counted, one batch of its kind timed, the cases interleaved),
+  and the final BLEU (beam search timed on ``--decode_sentences`` sentences of de-en ``test_2016_flickr``, times
+  the sentences the case decodes: every test set, or each pair's primary one). A model a few steps from random
+  initialisation never stops early, so its decoding time is an upper bound.
+* ``whole_run`` (each case): real target tokens a second of the whole run, evaluation included: ``train.steps``
+  steps at the case's median step time and real target tokens, plus its ``per_run`` seconds; and the ratio to
+  the first case.
 * ``case`` rows: the cases' train steps interleaved, ``--steps`` a case a round, ``--rounds`` rounds after a
   warm-up that compiles every batch shape; real target tokens a second (scored positions, eos included), real
   source tokens a second, the share of positions that are real, and the ratio to the first case in each round
@@ -47,7 +51,9 @@ from stablemoe_jax.experiment.step import step_rngs
 from stablemoe_jax.models.head import tied_logits
 from stablemoe_jax.train.losses import mean_loss, token_nll
 
-DEFAULT_CASES = "buckets3:;packed:data.pack_pairs=True,data.length_buckets=1"
+# mt_cpu's batching (three length buckets, one pair a row, every test set decoded) against compare_mt_cpu's.
+DEFAULT_CASES = ("buckets3:data.pack_pairs=False,data.length_buckets=3,decode.sets=all;"
+                 "packed:data.pack_pairs=True,data.length_buckets=1,decode.sets=primary")
 
 
 def load_config(path: str):
@@ -66,14 +72,16 @@ def build(config, workdir: pathlib.Path, shared_data: pathlib.Path) -> Experimen
   return Experiment(config, workdir)
 
 
-def median_seconds(fn, *args, calls: int = 5) -> float:
+def best_seconds(fn, *args, calls: int = 5) -> float:
+  """The fastest of ``calls`` timed calls after a compiling one: this machine is a VM whose cores other machines
+  share, so the slower calls measure them."""
   jax.block_until_ready(fn(*args))  # compile
   times = []
   for _ in range(calls):
     start = time.perf_counter()
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return min(times)
 
 
 def one_row_batch(exp: Experiment, rows: int) -> dict:
@@ -114,52 +122,63 @@ def step_parts(exp: Experiment, batch: dict) -> dict:
   def step(s):
     return train_step(s, batch)[0]
 
-  parts = {"encoder": median_seconds(encoder, params), "decoder_without_head": median_seconds(decoder, params, encoded),
-           "head_and_loss": median_seconds(head, hidden, embedding),
-           "optimizer_update": median_seconds(update, grads, state.opt_state, params)}
+  parts = {"encoder": best_seconds(encoder, params), "decoder_without_head": best_seconds(decoder, params, encoded),
+           "head_and_loss": best_seconds(head, hidden, embedding),
+           "optimizer_update": best_seconds(update, grads, state.opt_state, params)}
   state = jax.block_until_ready(step(state))  # compile (the state is donated: each call takes the last output)
   times = []
   for _ in range(5):
     start = time.perf_counter()
     state = jax.block_until_ready(step(state))
     times.append(time.perf_counter() - start)
-  parts["train_step"] = statistics.median(times)
+  parts["train_step"] = min(times)
   return {k: round(v, 4) for k, v in parts.items()}
 
 
-def per_run_costs(exp: Experiment, decode_sentences: int) -> dict:
-  """Seconds evaluation adds to a run of ``train.steps`` (see the module doc)."""
-  cfg = exp.config
-  train, layers = cfg.train, len([k for k in exp.init_state().params if "_moe_" in k])
-  params = exp.init_state().params
-  batch = next(iter(exp.task.eval_batches(exp.data, cfg, "valid")))
-  eval_batch = median_seconds(exp.eval_step, params, batch, calls=3)
-  count = lambda split: sum(1 for _ in exp.task.eval_batches(exp.data, cfg, split))
-  points = len([s for s in range(train.eval_every, train.steps, train.eval_every)])
-  records = train.steps // max(cfg.analysis.record_every, 1) + 1 if cfg.analysis.record_every else 0
-  periodic = points * train.eval_batches * (1 + layers) * eval_batch
-  final_nll = (count("valid") * (2 + layers) + count("test")) * eval_batch  # valid, test, contributions (+ full)
+def eval_timings(exps: list[Experiment], decode_sentences: int) -> dict:
+  """Seconds of one evaluation batch of each case's kind (interleaved, fastest of 5 rounds) and of beam search
+  per sentence (de-en ``test_2016_flickr``, the first case's model, which decodes as every case's does)."""
+  batches = [next(iter(e.task.eval_batches(e.data, e.config, "valid"))) for e in exps]
+  params = [e.init_state().params for e in exps]
+  for e, p, b in zip(exps, params, batches):
+    jax.block_until_ready(e.eval_step(p, b))  # compile
+  best = [float("inf")] * len(exps)
+  for _ in range(5):
+    for k, (e, p, b) in enumerate(zip(exps, params, batches)):
+      start = time.perf_counter()
+      jax.block_until_ready(e.eval_step(p, b))
+      best[k] = min(best[k], time.perf_counter() - start)
+  cfg = exps[0].config
   settings = bleu_report.decode_settings(cfg)
   translate_fn = make_translate_fn(cfg.model, settings["beam_size"], settings["max_len"], settings["length_penalty"])
-  sources, _ = exp.data.raw_text("de-en", "test_2016_flickr")
-  lines = sources[:decode_sentences]
-  translate_lines(translate_fn, params, exp.data.tokenizer, "de", lines[:cfg.decode.batch_size],
-                  cfg.decode.batch_size, cfg.eval.seq_len)  # compile
-  out = translate_lines(translate_fn, params, exp.data.tokenizer, "de", lines, cfg.decode.batch_size,
-                        cfg.eval.seq_len)
-  per_sentence = out.seconds / len(lines)
+  lines = exps[0].data.raw_text("de-en", "test_2016_flickr")[0][:decode_sentences]
+  translate = lambda: translate_lines(translate_fn, params[0], exps[0].data.tokenizer, "de", lines,
+                                      cfg.decode.batch_size, cfg.eval.seq_len)
+  translate()  # compile
+  per_sentence = min(translate().seconds for _ in range(2)) / len(lines)
+  return {"eval_batch_s": best, "beam_s_per_sentence": per_sentence}
+
+
+def per_run_costs(exp: Experiment, eval_batch_s: float, beam_s_per_sentence: float) -> dict:
+  """Seconds evaluation adds to a run of ``train.steps`` at the measured unit costs (see the module doc)."""
+  cfg = exp.config
+  train = cfg.train
+  layers = len([k for k in exp.init_state().params if "_moe_" in k])
+  count = lambda split: sum(1 for _ in exp.task.eval_batches(exp.data, cfg, split))
+  points = len(range(train.eval_every, train.steps, train.eval_every))
+  records = train.steps // cfg.analysis.record_every + 1 if cfg.analysis.record_every else 0
+  periodic = points * train.eval_batches * (1 + layers) * eval_batch_s
+  final_batches = count("valid") * (2 + layers) + count("test")  # valid, test, contributions (+ the full model)
   sets = exp.data.split_sets("test")
-  all_sentences = sum(len(s) for s in sets)
   primary_names = bleu_report.primary_set_names(sets)
-  primary = sum(len(s) for s in sets if primary_names[s.pair] == s.name)
-  decoded = all_sentences if cfg.decode.get("sets", "all") == "all" else primary
-  return {"steps": train.steps, "moe_layers": layers, "eval_batch_s": round(eval_batch, 4),
-          "periodic_eval_s": round(periodic, 1), "records_s": round(records * eval_batch, 1),
-          "final_nll_and_contributions_s": round(final_nll, 1),
-          "beam_sentences_per_s": round(1 / per_sentence, 2), "test_sentences": all_sentences,
-          "primary_test_sentences": primary, "final_bleu_all_sets_s": round(all_sentences * per_sentence, 1),
-          "final_bleu_primary_sets_s": round(primary * per_sentence, 1), "decode_sets": cfg.decode.get("sets", "all"),
-          "evaluation_s": round(periodic + records * eval_batch + final_nll + decoded * per_sentence, 1)}
+  decoded = sum(len(s) for s in sets if cfg.decode.get("sets", "all") == "all" or primary_names[s.pair] == s.name)
+  seconds = {"periodic_eval_s": periodic, "records_s": records * eval_batch_s,
+             "final_nll_and_contributions_s": final_batches * eval_batch_s,
+             "final_bleu_s": decoded * beam_s_per_sentence}
+  return {"steps": train.steps, "moe_layers": layers, "eval_batch_s": round(eval_batch_s, 4),
+          "valid_batches": count("valid"), "test_batches": count("test"), "decode_sets": cfg.decode.get("sets", "all"),
+          "decoded_sentences": decoded, "beam_sentences_per_s": round(1 / beam_s_per_sentence, 2),
+          **{k: round(v, 1) for k, v in seconds.items()}, "evaluation_s": round(sum(seconds.values()), 1)}
 
 
 def loss_check(exp: Experiment, it: batch_lib.MixedPairIterator, params) -> dict:
@@ -208,6 +227,7 @@ def main() -> None:
     else:
       exps[case.name] = build(config, workdir / case.name, shared)
   first = exps[cases[0].name]
+  per_run: dict[str, dict] = {}
   out.add({"row": "env", "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
            "jax": jax.__version__, "cpu_count": os.cpu_count(), "config": args.config})
   if not args.noparts:
@@ -215,8 +235,10 @@ def main() -> None:
     dense = build(apply_overrides(first.config, {"model.moe.enabled": False}), workdir / "dense_parts", shared)
     for name, exp in (("moe", first), ("dense", dense)):
       out.add({"row": "parts", "model": name, "batch": list(batch["source"].shape), **step_parts(exp, batch)})
-    for case in {cases[0].name: None, cases[-1].name: None}:  # the first case and the last (before and after)
-      out.add({"row": "per_run", "case": case, **per_run_costs(exps[case], args.decode_sentences)})
+    timings = eval_timings(list(exps.values()), args.decode_sentences)
+    for (name, exp), eval_batch_s in zip(exps.items(), timings["eval_batch_s"]):
+      per_run[name] = per_run_costs(exp, eval_batch_s, timings["beam_s_per_sentence"])
+      out.add({"row": "per_run", "case": name, **per_run[name]})
 
   runs = {}
   for name, exp in exps.items():
@@ -257,7 +279,19 @@ def main() -> None:
              "source_fill": round(med("source_fill"), 3),
              "target_tokens_per_s_vs_first": round(statistics.median(
                  r["target_per_s"] / ref["target_per_s"] for r, ref in zip(rounds, reference)), 3),
+             "best_round_target_tokens_per_s": round(max(r["target_per_s"] for r in rounds), 1),
              "rounds": len(rounds), "steps_per_round": args.steps})
+  whole = {}
+  for name, run in runs.items():
+    if name in per_run:
+      rounds, steps = run["rounds"], per_run[name]["steps"]
+      step_s = statistics.median(r["step_s"] for r in rounds)
+      tokens = statistics.median(r["target_per_s"] * r["step_s"] for r in rounds)  # real target tokens a step
+      seconds = steps * step_s + per_run[name]["evaluation_s"]
+      whole[name] = steps * tokens / seconds
+      out.add({"row": "whole_run", "case": name, "run_seconds": round(seconds), "target_tokens": round(steps * tokens),
+               "target_tokens_per_s": round(whole[name], 1),
+               "vs_first": round(whole[name] / whole[cases[0].name], 3)})
   for name, exp in exps.items():
     if exp.config.data.get("pack_pairs", False):
       out.add({"row": "loss_check", "case": name, **loss_check(exp, runs[name]["it"], runs[name]["state"].params)})

@@ -10,8 +10,9 @@ and shared). One JSON line each:
 
 * ``parts`` (the first case's model and its dense backbone, on one [B, L] batch of real pairs): seconds of
   forward + backward of the encoder, of the decoder without the head, of the tied head and its label-smoothed
-  loss, and of the optimizer update, each jitted alone (median of 5 calls), beside the whole train step. MoE minus
-  dense on the encoder and the decoder is what the MoE layers cost.
+  loss, and of the optimizer update, each jitted alone (fastest of 5 calls), beside the whole train step, and
+  XLA's FLOP count of each (``*_gflop``: steady where the seconds are not). MoE minus dense on the encoder and the
+  decoder is what the MoE layers cost.
 * ``per_run`` (each case): what evaluation adds over a run of the config's ``train.steps``: the periodic
   evaluations (``train.eval_batches`` a point, again without each MoE layer), the routing records, the final
   NLL and contribution checks (each case's batches counted, one batch of its kind timed, the cases interleaved),
@@ -122,9 +123,10 @@ def step_parts(exp: Experiment, batch: dict) -> dict:
   def step(s):
     return train_step(s, batch)[0]
 
-  parts = {"encoder": best_seconds(encoder, params), "decoder_without_head": best_seconds(decoder, params, encoded),
-           "head_and_loss": best_seconds(head, hidden, embedding),
-           "optimizer_update": best_seconds(update, grads, state.opt_state, params)}
+  calls = {"encoder": (encoder, params), "decoder_without_head": (decoder, params, encoded),
+           "head_and_loss": (head, hidden, embedding), "optimizer_update": (update, grads, state.opt_state, params)}
+  parts = {name: best_seconds(fn, *args) for name, (fn, *args) in calls.items()}
+  flops = {f"{name}_gflop": xla_flops(fn, *args) / 1e9 for name, (fn, *args) in calls.items()}
   state = jax.block_until_ready(step(state))  # compile (the state is donated: each call takes the last output)
   times = []
   for _ in range(5):
@@ -132,7 +134,14 @@ def step_parts(exp: Experiment, batch: dict) -> dict:
     state = jax.block_until_ready(step(state))
     times.append(time.perf_counter() - start)
   parts["train_step"] = min(times)
-  return {k: round(v, 4) for k, v in parts.items()}
+  return {**{k: round(v, 4) for k, v in parts.items()}, **{k: round(v, 2) for k, v in flops.items()}}
+
+
+def xla_flops(fn, *args) -> float:
+  """XLA's count of the floating-point operations of ``fn(*args)`` (its cost analysis of the compiled program)."""
+  cost = fn.lower(*args).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost.get("flops", 0.0))
 
 
 def eval_timings(exps: list[Experiment], decode_sentences: int) -> dict:
@@ -211,6 +220,7 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=6)
   parser.add_argument("--decode_sentences", type=int, default=128)
   parser.add_argument("--noparts", action="store_true", help="skip the parts and per-run rows")
+  parser.add_argument("--parts_only", action="store_true", help="only the parts rows (no per-run, no cases)")
   parser.add_argument("--out", type=pathlib.Path)
   args = parser.parse_args()
   out = JsonLines(args.out)
@@ -235,6 +245,9 @@ def main() -> None:
     dense = build(apply_overrides(first.config, {"model.moe.enabled": False}), workdir / "dense_parts", shared)
     for name, exp in (("moe", first), ("dense", dense)):
       out.add({"row": "parts", "model": name, "batch": list(batch["source"].shape), **step_parts(exp, batch)})
+    if args.parts_only:
+      out.save()
+      return
     timings = eval_timings(list(exps.values()), args.decode_sentences)
     for (name, exp), eval_batch_s in zip(exps.items(), timings["eval_batch_s"]):
       per_run[name] = per_run_costs(exp, eval_batch_s, timings["beam_s_per_sentence"])

@@ -97,7 +97,9 @@ NOT_RUN = {
     "configs/mt_paper.py": "the paper's translation model (GPU-size)",
     "configs/tune_cpu.py": "the tuned sweep (87 runs); tests/test_sweep.py runs a tiny one",
     "configs/compare_cpu.py": "7-8 methods x seeds; tests/test_compare.py runs the comparison",
-    "configs/compare_mt_cpu.py": "7 translation methods; tests/test_translation_compare.py runs the comparison",
+    "configs/compare_mt_cpu.py": "8 translation methods; tests/test_translation_compare.py runs the comparison",
+    "configs/tune_mt_cpu.py": "the tuned translation comparison (30 runs of 1,000 steps); tests/test_sweep.py runs a "
+                              "tiny sweep and tests/test_translation_compare.py a translation comparison",
     "configs/ablate_cpu.py": "the paper's Table 5 ablations, 3 seeds each (hours); tests/test_compare.py runs the "
                              "comparison",
     "configs/xmoe_cpu.py": "X-MoE's routing as published against the default's, 6 runs (hours); tests/test_sweep.py "

@@ -67,6 +67,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Expert FFN biases: "zeros" (each expert adds exactly 0 at first) | "torch" (the authors' code: PyTorch's default
   # nn.Linear bias U(+-1/sqrt(fan_in)); only the output weight is zeroed). docs/tuning.md has its probe.
   config.model.moe.expert_bias_init = "zeros"
+  # Shared experts (DeepSeekMoE): this many always-on expert FFNs (each as one routed expert) that every token goes
+  # through, added to the routed output, for any router. 0: none.
+  config.model.moe.shared_experts = 0
   # Each router's own settings, read (and validated) only when that router is chosen; setting one of an
   # unselected router is an error. The defaults must equal ROUTERS[name].defaults.
   config.model.moe.stablemoe = ml_collections.ConfigDict()
@@ -97,6 +100,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.moe.switch.z_loss_weight = 0.0  # router z-loss weight (ST-MoE uses 0.001); 0: off
   config.model.moe.switch.jitter = 0.0  # training-only multiplicative noise U(1-j, 1+j) on the router input; 0: off
   config.model.moe.switch.fixed_routing = False  # True: distil into the distilled router, freeze after stage 1
+  # Experts per token: 1 (Switch) | k > 1: the k most probable, their probabilities renormalised (GShard, Mixtral).
+  config.model.moe.switch.top_k = 1
   # X-MoE's routing for Switch (the stablemoe section's keys, same meaning): dot | cosine, and cosine's settings.
   config.model.moe.switch.affinity = "dot"
   config.model.moe.switch.cosine_dim = 0

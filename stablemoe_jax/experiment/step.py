@@ -109,7 +109,7 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task=None) 
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     if post_update is not None:
-      params = post_update(params)
+      params = post_update(params, metrics)
     metrics.update(grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step),
                    stage=jnp.where(stage1, 1, 2))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics

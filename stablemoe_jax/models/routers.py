@@ -19,7 +19,9 @@ of StableMoE (distil the learned assignment into a token-id-only router during
 - ``base`` (``base_router.py``): balanced assignment in training (auction, ``balanced_assignment.py``),
   greedy at inference, sigmoid gate, no loss;
 - ``switch`` and ``base`` with ``fixed_routing=True``: the same two stages (Table 5);
-- ``hash`` (``hash_router.py``): routes by a fixed token-id -> expert table.
+- ``hash`` (``hash_router.py``): routes by a fixed token-id -> expert table;
+- ``deepseek`` (``deepseek_router.py``): DeepSeek-V3's sigmoid top-k on affinity + a per-expert bias moved after
+  every step toward balance (no auxiliary loss), gates the normalised affinities x ``routed_scale``.
 
 A new method: a module of its own with a router module (or a policy of ``LearnedRouter``), its ``build``, ``check``
 and default settings, an entry in ``ROUTERS``, and its config section. The entry holds every fact about the router
@@ -37,11 +39,13 @@ from typing import Any, Callable
 import flax.linen as nn
 import numpy as np
 
-from stablemoe_jax.models import base_router, cosine_routing, hash_router, stablemoe_router, switch_router
+from stablemoe_jax.models import (base_router, cosine_routing, deepseek_router, hash_router, stablemoe_router,
+                                  switch_router)
 
 # What a router's gate is, which fixes the range it can reach (train/health.py's early warning): "sigmoid" of a
 # score ((0, 1) for a dot product, [sigmoid(-1/tau), sigmoid(1/tau)] for a cosine one), "softmax" (the top choice's
-# probability: [1/N, 1] for top-1, [1/k, 1] renormalised over k choices), "fixed" (a constant gate: no range).
+# probability: [1/N, 1] for top-1, [1/k, 1] renormalised over k choices; DeepSeek's normalised affinities too),
+# "fixed" (a constant gate: no range). ``RouterEntry.gate_scale`` multiplies the range (DeepSeek's routed_scale).
 GATE_KINDS = ("sigmoid", "softmax", "fixed")
 
 
@@ -61,9 +65,12 @@ class RouterEntry:
       still works on them.
     gate_kind: (settings) -> one of ``GATE_KINDS``: what the gate is, so the range the health verdict places the
       mean gate in (train/health.py reads it here).
+    gate_scale: (settings) -> the factor on the gate's range (1 but for DeepSeek's ``routed_scale``).
     top_k: (settings) -> k, the experts each token is routed to (``Routing.expert_index [T, k]``).
-    post_update: optional (model config) -> ``params -> params`` or None: applied by the train step to the
-      parameters after every optimizer update (X-MoE's centroid rescale, ``cosine_routing.expert_norm_hook``).
+    post_update: optional (model config) -> ``(params, metrics) -> params`` or None: applied by the train step to
+      the parameters after every optimizer update, with the step's metrics (X-MoE's centroid rescale,
+      ``cosine_routing.expert_norm_hook``; DeepSeek's bias update from the step's load,
+      ``deepseek_router.bias_update_hook``).
     losses: the names of the auxiliary losses the router may sow (logged as ``aux/<name>``).
     collapse_cures: settings of this router a collapse message suggests first, before the generic cures.
     added_settings: settings added after checkpoints were written, each at the value that reproduces those runs
@@ -77,6 +84,7 @@ class RouterEntry:
   fill_from_data: Callable[..., dict] | None = None
   preset_keys: tuple[str, ...] = ()
   gate_kind: Callable[[Any], str] = lambda settings: "sigmoid"
+  gate_scale: Callable[[Any], float] = lambda settings: 1.0
   top_k: Callable[[Any], int] = lambda settings: 1
   post_update: Callable[[Any], Callable[[dict], dict] | None] | None = None
   losses: tuple[str, ...] = ()
@@ -100,6 +108,11 @@ ROUTERS: dict[str, RouterEntry] = {
         losses=("distill",)),
     "hash": RouterEntry(hash_router.build, hash_router.DEFAULTS, hash_router.check,
                         fill_from_data=hash_router.fill_from_data, gate_kind=lambda s: "fixed"),
+    "deepseek": RouterEntry(
+        deepseek_router.build, deepseek_router.DEFAULTS, deepseek_router.check, gate_kind=lambda s: "softmax",
+        gate_scale=lambda s: float(s.routed_scale), top_k=deepseek_router.top_k,
+        post_update=deepseek_router.bias_update_hook, losses=("balance",), added_settings=deepseek_router.DEFAULTS,
+        collapse_cures=("a larger --config.model.moe.deepseek.bias_update_rate",)),
 }
 
 
@@ -118,6 +131,8 @@ def without_added_settings(moe: dict) -> dict:
   for name, entry in ROUTERS.items():
     if isinstance(moe.get(name), dict) and entry.added_settings:
       moe[name] = {k: v for k, v in moe[name].items() if entry.added_settings.get(k, object()) != v}
+      if not moe[name] and moe.get("router") != name:  # a router added since, at its defaults: as absent
+        del moe[name]
   return moe
 
 
@@ -136,6 +151,12 @@ def gate_kind(moe_config) -> str:
   return entry.gate_kind(settings)
 
 
+def gate_scale(moe_config) -> float:
+  """The factor on the chosen router's gate range."""
+  entry, settings = chosen(moe_config)
+  return float(entry.gate_scale(settings)) if settings is not None else 1.0
+
+
 def top_k(moe_config) -> int:
   """The experts each token is routed to by the chosen router."""
   entry, settings = chosen(moe_config)
@@ -149,8 +170,8 @@ def collapse_cures(router: str) -> tuple[str, ...]:
 
 
 def post_update_hook(model_config) -> Callable[[dict], dict] | None:
-  """The chosen router's ``post_update`` hook for this model (``params -> params``), or None: no hook, a dense
-  model, or no MoE layer. The train step applies it after every optimizer update."""
+  """The chosen router's ``post_update`` hook for this model (``(params, metrics) -> params``), or None: no hook, a
+  dense model, or no MoE layer. The train step applies it after every optimizer update."""
   moe = model_config.get("moe") if model_config is not None else None
   if moe is None or not moe.get("enabled", True) or model_config.get("dense_match", "none") != "none":
     return None

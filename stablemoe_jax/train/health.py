@@ -60,6 +60,7 @@ class GuardSettings:
   affinity: str  # "dot" | "cosine": a cosine gate's range depends on the logged temperature
   num_experts: int
   top_k: int = 1  # experts per token: a softmax gate renormalised over k > 1 choices reaches [1/k, 1]
+  gate_scale: float = 1.0  # the router's factor on its gate (DeepSeek's routed_scale)
 
   @classmethod
   def from_config(cls, config) -> "GuardSettings":
@@ -75,7 +76,8 @@ class GuardSettings:
                after_step=int(config.train.warmup_steps if after < 0 else after),
                on_collapse=str(section["on_collapse"]), router=router, gate=gate_kind(moe),
                affinity=str(router_section.get("affinity", "dot")), num_experts=int(moe.num_experts),
-               top_k=routers.top_k(moe) if router in routers.ROUTERS else 1)
+               top_k=routers.top_k(moe) if router in routers.ROUTERS else 1,
+               gate_scale=routers.gate_scale(moe) if router in routers.ROUTERS else 1.0)
 
 
 def gate_kind(moe) -> str:
@@ -93,7 +95,8 @@ def gate_range(settings: GuardSettings, values: dict[str, float]) -> tuple[float
   if settings.gate == "fixed":
     return None
   if settings.gate == "softmax":
-    return 1.0 / max(settings.num_experts if settings.top_k <= 1 else settings.top_k, 1), 1.0
+    return settings.gate_scale / max(settings.num_experts if settings.top_k <= 1 else settings.top_k, 1), \
+        settings.gate_scale
   if settings.affinity == "cosine":
     tau = values.get("router_temperature")
     if tau is None or not tau > 0:

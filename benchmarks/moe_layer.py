@@ -31,7 +31,7 @@ import ml_collections
 
 from stablemoe_jax.models import dispatch
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
-from stablemoe_jax.models.moe import MoELayer
+from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.parallel import mesh as mesh_lib
 
 DISPATCHERS = ("index", "grouped", "one_hot", "all_to_all")
@@ -113,7 +113,7 @@ def main():
           router="stablemoe", num_experts=args.experts, capacity_factor=capacity_factor,
           eval_capacity_factor=capacity_factor, num_groups=args.groups, shuffle_tokens=False, dispatcher=name,
           eval_dispatcher=name, block_size=block_size, stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1)))
-      layer = MoELayer(cfg, 10000, args.sublayers, args.d_ff, dtype=dtype)
+      layer = make_moe_layer(cfg, 10000, args.sublayers, args.d_ff, dtype=dtype)
       with jax.set_mesh(mesh):
         params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
 

@@ -49,7 +49,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.model.moe = ml_collections.ConfigDict()
   config.model.moe.enabled = True
-  config.model.moe.router = "stablemoe"  # stablemoe | switch | base | hash (stablemoe_jax/models/routers.py)
+  config.model.moe.router = "stablemoe"  # stablemoe | switch | base | hash | deepseek (models/routers.py)
   config.model.moe.num_experts = 8
   config.model.moe.placement = "middle"  # bottom | middle | top | scattered
   config.model.moe.sublayers_per_expert = 2
@@ -68,6 +68,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Expert FFN biases: "zeros" (each expert adds exactly 0 at first) | "torch" (the authors' code: PyTorch's default
   # nn.Linear bias U(+-1/sqrt(fan_in)); only the output weight is zeroed). docs/tuning.md has its probe.
   config.model.moe.expert_bias_init = "zeros"
+  # Shared experts (DeepSeekMoE): this many always-on expert FFNs (each as one routed expert) that every token goes
+  # through, added to the routed output, for any router. 0: none.
+  config.model.moe.shared_experts = 0
   # Each router's own settings, read (and validated) only when that router is chosen; setting one of an
   # unselected router is an error. The defaults must equal ROUTERS[name].defaults.
   config.model.moe.stablemoe = ml_collections.ConfigDict()
@@ -98,6 +101,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.moe.switch.z_loss_weight = 0.0  # router z-loss weight (ST-MoE uses 0.001); 0: off
   config.model.moe.switch.jitter = 0.0  # training-only multiplicative noise U(1-j, 1+j) on the router input; 0: off
   config.model.moe.switch.fixed_routing = False  # True: distil into the distilled router, freeze after stage 1
+  # Experts per token: 1 (Switch) | k > 1: the k most probable, their probabilities renormalised (GShard, Mixtral).
+  config.model.moe.switch.top_k = 1
   # X-MoE's routing for Switch (the stablemoe section's keys, same meaning): dot | cosine, and cosine's settings.
   config.model.moe.switch.affinity = "dot"
   config.model.moe.switch.cosine_dim = 0
@@ -111,6 +116,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.moe.hash = ml_collections.ConfigDict()
   config.model.moe.hash.table = "random"  # random: seeded table | balanced: bin-packed by train token counts
   config.model.moe.hash.seed = 0  # seed of the table (and of the balanced table's tie order)
+  # DeepSeek-V3's auxiliary-loss-free routing: sigmoid affinities, top-k on affinity + a per-expert bias, gates the
+  # chosen affinities normalised over the k x routed_scale; after every step each bias moves by
+  # bias_update_rate * sign(mean load - load_i), outside the optimizer (models/deepseek_router.py).
+  config.model.moe.deepseek = ml_collections.ConfigDict()
+  config.model.moe.deepseek.top_k = 2  # experts per token (DeepSeek-V3: 8 of 256)
+  config.model.moe.deepseek.routed_scale = 1.0  # factor on the gates (DeepSeek-V3: 2.5)
+  config.model.moe.deepseek.bias_update_rate = 1e-3  # gamma of the bias update (DeepSeek-V3: 0.001); 0: none
+  config.model.moe.deepseek.balance_weight = 0.0  # the sequence-wise balance loss (DeepSeek-V3: 0.0001); 0: off
+  config.model.moe.deepseek.centroid_gain = 0.1  # orthogonal-init gain of the expert centroids
   # The distilled (token-id-only) router of StableMoE and of switch/base with fixed_routing=True.
   config.model.moe.distilled_router = ml_collections.ConfigDict()
   config.model.moe.distilled_router.kind = "embedding"  # embedding | cnn | transformer (all causal)

@@ -4,7 +4,8 @@ Computes, for one tiny model and one batch, on three layouts of the same devices
 mesh.expert=4; data 2 x expert 2; all with G = 4 routing groups): the train-mode forward, every
 gradient leaf, three train steps and their metrics, the compiled HLO's collectives and the expert dropout
 across layouts. Writes everything to ``OUT/layouts.npz`` and ``OUT/summary.json`` for the test to compare.
-``ep_layouts_script.py OUT dispatcher`` runs only the dispatcher-level capacity and token-order checks (seconds).
+``ep_layouts_script.py OUT dispatcher`` runs only the dispatcher-level capacity and token-order checks and the top-2
+layer with a shared expert across layouts (seconds).
 """
 from __future__ import annotations
 
@@ -142,17 +143,56 @@ def dispatcher_checks(summary: dict) -> None:
   summary["dispatcher"] = results
 
 
+def topk_checks(summary: dict) -> None:
+  """One MoE layer routing each token to 2 experts (switch top_k=2, capacity counting choices, so some drop) with a
+  shared expert, G = 4: its output and every parameter's gradient on 1 device, expert 4 and 2 x 2 (all_to_all)."""
+  import flax.linen as nn
+  import ml_collections
+  from stablemoe_jax.models.moe import make_moe_layer
+  moe = tiny_config(1).model.moe
+  moe.router, moe.switch.top_k, moe.shared_experts, moe.capacity_factor = "switch", 2, 1, 0.75
+  moe.num_groups, moe.shuffle_tokens = GROUPS, False
+  x = jax.random.normal(jax.random.key(0), (4, 8, 8))
+  ids = jax.random.randint(jax.random.key(1), (4, 8), 0, 50)
+  layer = make_moe_layer(moe, 50, 2, 16)
+  params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
+  params = jax.tree.map(lambda a: a + 0.3, params)  # non-zero output projections
+
+  def forward(p, x):
+    out, sown = layer.apply({"params": p}, x, ids, jnp.array(True), deterministic=False, mutable=[METRICS, AUX_LOSS])
+    return out, sown
+
+  def loss(p, x):
+    out, sown = forward(p, x)
+    return jnp.sum(out ** 2) + sum(jax.tree.leaves(sown[AUX_LOSS]))
+
+  outs = {}
+  for name, (devices, expert) in LAYOUTS.items():
+    mesh = mesh_lib.make_mesh(ml_collections.ConfigDict({"expert": expert}), jax.devices()[:devices])
+    compiled = mesh_lib.under_mesh(mesh, lambda: jax.jit(forward).lower(params, x).compile())()
+    out, sown = compiled(params, x)
+    grads = mesh_lib.under_mesh(mesh, jax.jit(jax.grad(loss)))(params, x)
+    outs[name] = (np.asarray(out), flat(grads), np.asarray(sown[METRICS]["dropped_fraction"][0]),
+                  count(r"all-to-all\(", compiled.as_text()))
+  ref_out, ref_grads, ref_dropped, _ = outs["one_device"]
+  summary["topk"] = {name: {
+      "out_diff": float(np.abs(out - ref_out).max()),
+      "grad_diff": max(float(np.abs(g[k] - ref_grads[k]).max() / (np.abs(ref_grads[k]).max() + 1e-6)) for k in g),
+      "dropped": float(dropped), "reference_dropped": float(ref_dropped), "grads": len(g), "all_to_all": a2a}
+      for name, (out, g, dropped, a2a) in outs.items()}
+
+
 def dropout_checks(summary: dict) -> None:
   """One MoE layer with expert dropout 0.3 and the shuffle on: the same output on 1 device, expert 4 and 2 x 2."""
   import flax.linen as nn
   import ml_collections
-  from stablemoe_jax.models.moe import MoELayer
+  from stablemoe_jax.models.moe import make_moe_layer
   moe = tiny_config(1).model.moe
   x = jax.random.normal(jax.random.key(0), (4, 8, 8))
   ids = jax.random.randint(jax.random.key(1), (4, 8), 0, 50)
   outs = {}
   for rate in (0.0, 0.3):
-    layer = MoELayer(moe, 50, 2, 16, dropout=rate)
+    layer = make_moe_layer(moe, 50, 2, 16, dropout=rate)
     params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
     params = jax.tree.map(lambda a: a + 0.3, params)  # non-zero output projections
     apply = jax.jit(lambda p, x: layer.apply({"params": p}, x, ids, jnp.array(True), deterministic=False,
@@ -173,6 +213,7 @@ def main(out: pathlib.Path, part: str = "all") -> None:
   if part == "dispatcher":
     summary = {}
     dispatcher_checks(summary)
+    topk_checks(summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return
   rng = np.random.default_rng(0)

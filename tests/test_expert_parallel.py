@@ -92,7 +92,8 @@ def dispatcher_summary(tmp_path_factory):
   out = tmp_path_factory.mktemp("dispatcher")
   result = run_python(["tests/ep_layouts_script.py", str(out), "dispatcher"], devices=4, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
-  return json.loads((out / "summary.json").read_text())["dispatcher"]
+  summary = json.loads((out / "summary.json").read_text())
+  return {**summary["dispatcher"], "topk": summary["topk"]}
 
 
 @pytest.mark.parametrize("mesh", ["expert4", "data2_expert2"])
@@ -105,6 +106,17 @@ def test_all_to_all_capacity_per_group_and_token_order(dispatcher_summary, mesh)
     assert result["a2a_vs_reference"] < 1e-4 and result["index_vs_reference"] < 1e-4, result
   assert dispatcher_summary[f"{mesh}/all_to_expert0"]["kept_per_group"] == [2] * 8
   assert dispatcher_summary[f"{mesh}/all_to_expert0"]["kept_are_first_c"]
+
+
+@pytest.mark.parametrize("mesh", ["expert4", "data2_expert2"])
+def test_top2_layer_with_a_shared_expert_matches_one_device(dispatcher_summary, mesh):
+  # Switch top-2 (each choice its own capacity slot; cf 0.75 drops some) plus one shared expert, through the
+  # all-to-all dispatcher on 4 devices: the same output and gradients as the index dispatcher on one.
+  result = dispatcher_summary["topk"]
+  assert result[mesh]["out_diff"] < 1e-5 and result[mesh]["grad_diff"] < 1e-5, result[mesh]
+  assert result[mesh]["dropped"] == result["one_device"]["dropped"] > 0
+  assert result[mesh]["grads"] >= 12  # router centroids, routed and shared experts' six leaves each
+  assert result[mesh]["all_to_all"] == 2 and result["one_device"]["all_to_all"] == 0  # one each way
 
 
 @pytest.mark.slow
@@ -133,10 +145,10 @@ def test_token_shuffle_drops_random_tokens_but_exactly_capacity_per_group():
 
 @pytest.mark.slow
 def test_train_step_shuffles_only_in_training(tiny_config, tmp_path):
-  from stablemoe_jax.models.moe import MoELayer
+  from stablemoe_jax.models.moe import make_moe_layer
   moe = ml_collections.ConfigDict(tiny_config.model.moe.to_dict())
   moe.capacity_factor, moe.num_groups, moe.eval_capacity_factor = 0.5, 2, 0.5
-  layer = MoELayer(moe, 20, 1, 16)
+  layer = make_moe_layer(moe, 20, 1, 16)
   x = jax.random.normal(jax.random.key(0), (2, 16, 8))
   ids = jnp.zeros((2, 16), jnp.int32)
   params = nn.unbox(layer.init(jax.random.key(1), x, ids, jnp.array(True))["params"])

@@ -39,10 +39,10 @@ def test_switch_assignment_gate_and_balance_loss_hand_computed():
   router = LearnedRouter(num_experts=2, policy=SwitchSoftmax(balance_weight=0.5, z_loss_weight=0.1), centroid_gain=0.0)
   params = {"centroids": jnp.eye(2)}
   routing, sown = apply_router(router, params, h, jnp.zeros(4, jnp.int32))
-  np.testing.assert_array_equal(routing.expert_index, [0, 0, 1, 0])
+  np.testing.assert_array_equal(routing.expert_index[:, 0], [0, 0, 1, 0])
   p = lambda a, b: np.exp(a) / (np.exp(a) + np.exp(b))
   probs0 = np.array([p(2, 0), p(1, 0), p(0, 1), p(3, 1)])  # P(expert 0) per token
-  np.testing.assert_allclose(routing.gate, [probs0[0], probs0[1], 1 - probs0[2], probs0[3]], rtol=1e-6)
+  np.testing.assert_allclose(routing.gate[:, 0], [probs0[0], probs0[1], 1 - probs0[2], probs0[3]], rtol=1e-6)
   # f = (3/4, 1/4); P = mean probs; loss = 0.5 * N * sum f_i P_i.
   mean0 = probs0.mean()
   want = 0.5 * 2 * (0.75 * mean0 + 0.25 * (1 - mean0))
@@ -61,9 +61,9 @@ def test_switch_jitter_only_in_training_and_z_loss_off_by_default():
   train_a, sown = apply_router(router, params, h, None, rng=1)
   train_b, _ = apply_router(router, params, h, None, rng=2)
   evaluation, _ = apply_router(router, params, h, None, deterministic=True)
-  assert not np.allclose(train_a.gate, train_b.gate)  # the noise differs per rng ...
+  assert not np.allclose(train_a.gate[:, 0], train_b.gate[:, 0])  # the noise differs per rng ...
   scores = np.asarray(h) @ np.asarray(params["centroids"]).T
-  np.testing.assert_allclose(evaluation.gate, jax.nn.softmax(scores).max(-1), rtol=1e-5)  # ... and is off at eval
+  np.testing.assert_allclose(evaluation.gate[:, 0], jax.nn.softmax(scores).max(-1), rtol=1e-5)  # ... and is off at eval
   assert set(sown["aux_loss"]) == {"balance"}
 
 
@@ -201,14 +201,14 @@ def test_base_balanced_on_random_inputs_with_groups_greedy_at_inference_sigmoid_
   params = router.init(jax.random.key(1), h, None, jnp.array(True))["params"]
   params = {"centroids": params["centroids"] * 20 + jnp.arange(8.0)[:, None] * 0.3}  # skewed: greedy unbalanced
   routing, sown = apply_router(router, params, h, None)
-  for group in np.asarray(routing.expert_index).reshape(2, 96):
+  for group in np.asarray(routing.expert_index[:, 0]).reshape(2, 96):
     np.testing.assert_array_equal(np.bincount(group, minlength=8), 12)
   scores = np.asarray(h) @ np.asarray(params["centroids"]).T
-  np.testing.assert_allclose(routing.gate, 1 / (1 + np.exp(-scores[np.arange(192), routing.expert_index])), rtol=1e-5)
+  np.testing.assert_allclose(routing.gate[:, 0], 1 / (1 + np.exp(-scores[np.arange(192), routing.expert_index[:, 0]])), rtol=1e-5)
   assert "aux_loss" not in sown and float(sown["moe_metrics"]["auction_converged"][0]) == 1.0
   inference, _ = apply_router(router, params, h, None, deterministic=True)
   greedy = np.argmax(scores, -1)
-  np.testing.assert_array_equal(inference.expert_index, greedy)
+  np.testing.assert_array_equal(inference.expert_index[:, 0], greedy)
   assert np.bincount(greedy, minlength=8).max() > 24  # so the balanced assignment above did real work
 
 
@@ -223,8 +223,8 @@ def test_hash_is_deterministic_per_seed_gate_one_no_loss():
   np.testing.assert_array_equal(tables[0], tables[1])  # the init key does not matter, the seed does
   assert not np.array_equal(tables[0], tables[2])
   routing, sown = apply_router(make(0), {"table": tables[0]}, h, ids)
-  np.testing.assert_array_equal(routing.expert_index, np.asarray(tables[0], int))
-  np.testing.assert_array_equal(routing.gate, 1.0)
+  np.testing.assert_array_equal(routing.expert_index[:, 0], np.asarray(tables[0], int))
+  np.testing.assert_array_equal(routing.gate[:, 0], 1.0)
   assert "aux_loss" not in sown
 
 

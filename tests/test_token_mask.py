@@ -13,7 +13,7 @@ from mt_fixtures import tiny_model_config
 from test_moe import D, E, FF, SUB, VOCAB, moe_config, per_token_reference, randomized
 
 from stablemoe_jax.models import dispatch
-from stablemoe_jax.models.moe import MoELayer
+from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS, expert_load, routing_health, stablemoe_balance_loss
 from stablemoe_jax.models.seq2seq import PAD_ID, TransformerSeq2Seq
 from stablemoe_jax.models.switch_router import switch_balance_loss
@@ -69,7 +69,7 @@ def test_padding_takes_no_slot_and_real_tokens_keep_theirs(shuffle):
 def test_moe_layer_with_padding_against_the_per_token_loop_of_its_real_tokens():
   # Capacity 2 per expert over 12 tokens, padding first: without the mask padding would crowd out real tokens.
   cfg = moe_config(capacity_factor=0.66)
-  layer = MoELayer(cfg, VOCAB, SUB, FF)
+  layer = make_moe_layer(cfg, VOCAB, SUB, FF)
   x = jax.random.normal(jax.random.key(0), (2, 6, D))
   ids = jax.random.randint(jax.random.key(1), (2, 6), 0, VOCAB)
   params = randomized(nn.unbox(jit_init(layer, 2, x, ids, jnp.array(True))["params"]))

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-from stablemoe_jax.models.cosine_routing import expert_norm_hook
 from stablemoe_jax.models.moe import SHUFFLE_RNG
+from stablemoe_jax.models.routers import post_update_hook
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.tasks.lm import LanguageModelTask
@@ -56,9 +56,10 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task=None) 
   microbatches of [B / M, S] whose gradients are averaged before one update
   (routing and capacity then act per microbatch, as per device batch in fairseq).
 
-  With a cosine router's ``cosine_expert_norm`` > 0, every update is followed by
-  ``cosine_routing.expert_norm_hook``: the centroids' rows are rescaled to that norm in the
-  stored parameters (X-MoE's rescale before every forward pass; its docstring says why here).
+  Every update is followed by the chosen router's ``post_update`` hook, where its registry entry has one
+  (``routers.post_update_hook``): e.g. with a cosine router's ``cosine_expert_norm`` > 0,
+  ``cosine_routing.expert_norm_hook`` rescales the centroids' rows to that norm in the stored parameters
+  (X-MoE's rescale before every forward pass; its docstring says why here).
   """
   stage1_steps = config.train.stage1_steps
   microbatches = config.train.microbatches
@@ -66,7 +67,7 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task=None) 
   base_key = jax.random.key(config.seed)
   task = task or LanguageModelTask()
   head = head_kwargs(model)
-  renormalize = expert_norm_hook(config.get("model"))  # None unless X-MoE's expert norm is on
+  post_update = post_update_hook(config.get("model"))  # the router's own hook, None for most
 
   def grads_and_metrics(params, batch: Batch, stage1: jax.Array, step_key: jax.Array):
     def loss_fn(params):
@@ -107,8 +108,8 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task=None) 
       metrics = jax.tree.map(lambda m: m.mean(axis=0), stacked)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    if renormalize is not None:
-      params = renormalize(params)
+    if post_update is not None:
+      params = post_update(params, metrics)
     metrics.update(grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step),
                    stage=jnp.where(stage1, 1, 2))
     if "weights" in batch:  # the positions the loss scores (translation: real target tokens)

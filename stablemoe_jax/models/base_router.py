@@ -63,7 +63,7 @@ def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Modu
   policy = BalancedAssignment(num_groups, settings.auction_epsilon, settings.auction_max_rounds)
   return LearnedRouter(num_experts=num_experts, policy=policy, vocab_size=vocab_size,
                        centroid_gain=settings.centroid_gain,
-                       **two_stage_kwargs(settings, moe_config, settings.centroid_gain), name="router")
+                       **two_stage_kwargs(settings, moe_config, settings.centroid_gain), name="router", parent=None)
 
 
 def check(s, moe_config) -> list[str]:

@@ -59,6 +59,10 @@ def check_moe(config) -> None:
             f"model.moe.sublayers_per_expert={moe.sublayers_per_expert} must be positive.")
     require(moe.num_groups >= 0, f"model.moe.num_groups={moe.num_groups} must be >= 0 (1: one routing group; 0: one "
                                  f"per device, chosen at launch and recorded with the run).")
+    shared = moe.get("shared_experts", 0)
+    require(isinstance(shared, int) and not isinstance(shared, bool) and shared >= 0,
+            f"model.moe.shared_experts={shared!r} must be an integer >= 0 (always-on experts beside the routed ones; "
+            f"0: none).")
     require(moe.get("expert_bias_init", "zeros") in EXPERT_BIAS_INITS,
             f"model.moe.expert_bias_init={moe.get('expert_bias_init')!r} is unknown; choose one of "
             f"{EXPERT_BIAS_INITS} (torch: the authors' code's PyTorch default).")

@@ -123,7 +123,7 @@ def expert_norm_hook(model_config) -> Callable[[dict], dict] | None:
     names = [key.key for key in path if isinstance(key, jax.tree_util.DictKey)]
     return rescale_rows(leaf, norm).astype(leaf.dtype) if names[-2:] == [ROUTER_MODULE, CENTROIDS] else leaf
 
-  return lambda params: jax.tree_util.tree_map_with_path(project, params)
+  return lambda params, metrics=None: jax.tree_util.tree_map_with_path(project, params)
 
 
 def check_affinity_keys(section: str, get: Callable[[str], object]) -> list[str]:

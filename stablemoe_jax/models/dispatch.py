@@ -2,7 +2,9 @@
 
 Tokens are routed in G groups of ``T / G`` consecutive tokens; each (group, expert) pair has
 C slots, filled first come, first served in the group's order (optionally a seeded permutation of
-it, so an overflowing expert drops random tokens). Tokens past C are dropped: they get zeros back
+it, so an overflowing expert drops random tokens). With top-k routing every choice takes a slot: all first
+choices in that order, then all second choices (:func:`choice_slots`), and the dispatchers see each choice as a
+row of its own. Tokens past C are dropped: they get zeros back
 and the MoE layer passes them through. A run depends on G, never on how many devices share it.
 
 A dispatcher is one function with the signature of :data:`Dispatcher`:
@@ -83,6 +85,47 @@ def group_slots(expert_index: jax.Array, num_experts: int, capacity: int,
     order = jax.vmap(lambda k: jax.random.permutation(k, group_size))(keys)  # [G, Tg]
     shuffled = jax.vmap(_positions, in_axes=(0, None))(jnp.take_along_axis(expert_index, order, axis=1), num_experts)
     position = jax.vmap(lambda o, p: jnp.zeros_like(p).at[o].set(p))(order, shuffled)
+  slot = jnp.where(position < capacity, expert_index * capacity + position, num_experts * capacity)
+  return slot.astype(jnp.int32)
+
+
+def choice_slots(expert_index: jax.Array, num_experts: int, capacity: int,
+                 shuffle_rng: jax.Array | None = None, valid: jax.Array | None = None) -> jax.Array:
+  """Slots of every token's k choices (top-k routing): each choice takes a slot of its expert's capacity.
+
+  The fill order within a group (GShard's and MaxText's): every token's first choice, in the group's order (or
+  the same seeded permutation of it as :func:`group_slots` draws), then every token's second choice in that order,
+  and so on; an expert's C slots go first come, first served along that sequence, so a k-th choice never takes a
+  slot from an earlier choice of any token. k = 1 is :func:`group_slots`.
+
+  Args:
+    expert_index: int32 [G, Tg, k], the k (distinct) experts of each token.
+    num_experts: E.
+    capacity: C, slots per (group, expert), counting choices.
+    shuffle_rng: as :func:`group_slots` (one permutation of the tokens per group, shared by their k choices).
+    valid: bool [G, Tg] or None: a padding token's choices take no slot and displace no real one.
+
+  Returns:
+    int32 [G, Tg, k]: ``expert * C + position`` for a kept choice, ``E * C`` for a dropped (or padding) one.
+  """
+  groups, group_size, top_k = expert_index.shape
+  if top_k == 1:
+    return group_slots(expert_index[..., 0], num_experts, capacity, shuffle_rng, valid)[..., None]
+  if valid is not None:  # padding queues at an extra expert E, whose slots are then discarded
+    slots = choice_slots(jnp.where(valid[..., None], expert_index, num_experts), num_experts + 1, capacity,
+                         shuffle_rng)
+    return jnp.where(valid[..., None] & (slots < num_experts * capacity), slots,
+                     num_experts * capacity).astype(jnp.int32)
+  if shuffle_rng is None:
+    order = jnp.broadcast_to(jnp.arange(group_size), (groups, group_size))
+  else:
+    keys = jax.vmap(lambda g: jax.random.fold_in(shuffle_rng, g))(jnp.arange(groups))
+    order = jax.vmap(lambda k: jax.random.permutation(k, group_size))(keys)  # [G, Tg]
+  ordered = jnp.take_along_axis(expert_index, order[..., None], axis=1)  # [G, Tg, k] in fill order
+  sequence = ordered.swapaxes(1, 2).reshape(groups, top_k * group_size)  # choice-major
+  ranked = jax.vmap(_positions, in_axes=(0, None))(sequence, num_experts)
+  ranked = ranked.reshape(groups, top_k, group_size).swapaxes(1, 2)  # [G, Tg (in fill order), k]
+  position = jax.vmap(lambda o, p: jnp.zeros_like(p).at[o].set(p))(order, ranked)
   slot = jnp.where(position < capacity, expert_index * capacity + position, num_experts * capacity)
   return slot.astype(jnp.int32)
 

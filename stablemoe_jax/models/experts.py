@@ -36,19 +36,22 @@ class FFNExperts(nn.Module):
     bias_init: "zeros" (both biases 0: each expert adds exactly 0 at first) or "torch" (the authors' code:
       PyTorch's default ``nn.Linear`` bias, ``b_in ~ U(+-1/sqrt(d))`` and ``b_out ~ U(+-1/sqrt(d_ff))``; only
       the output weight is zeroed, so each expert starts by adding the constant ``b_out`` of its last sublayers).
+    partitioned: whether the leading axis is the logical ``experts`` axis (split over the mesh's expert devices);
+      False for experts every token goes through (``model.moe.shared_experts``), which are replicated.
   """
 
   num_experts: int
   num_sublayers: int
   d_ff: int
   bias_init: str = "zeros"
+  partitioned: bool = True
 
   @nn.compact
   def __call__(self, d_model: int) -> dict[str, jax.Array]:
     e, s, d, f = self.num_experts, self.num_sublayers, d_model, self.d_ff
 
     def param(name, init, shape):
-      axes = (EXPERTS,) + (None,) * (len(shape) - 1)
+      axes = (EXPERTS if self.partitioned else None,) + (None,) * (len(shape) - 1)
       return self.param(name, nn.with_logical_partitioning(init, axes), shape)
 
     w_in_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=-2, out_axis=-1)

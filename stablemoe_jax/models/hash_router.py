@@ -60,13 +60,13 @@ class HashRouter(nn.Module):
         "table", lambda _, shape: jnp.asarray(random_hash_table(shape[0], self.num_experts, self.seed), jnp.float32),
         (self.vocab_size,))
     expert_index = jnp.take(jax.lax.stop_gradient(table), token_ids.reshape(-1)).astype(jnp.int32)
-    return Routing(expert_index=expert_index, gate=jnp.ones(expert_index.shape, h.dtype))
+    return Routing.top1(expert_index, jnp.ones(expert_index.shape, h.dtype))
 
 
 def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
   """The router of ``model.moe.hash`` (``settings``), named "router"."""
   del moe_config
-  return HashRouter(num_experts=num_experts, vocab_size=vocab_size, seed=settings.seed, name="router")
+  return HashRouter(num_experts=num_experts, vocab_size=vocab_size, seed=settings.seed, name="router", parent=None)
 
 
 def check(s, moe_config) -> list[str]:

@@ -73,7 +73,9 @@ class LearnedRouter(nn.Module):
 
   Attributes:
     num_experts: N.
-    policy: GreedySigmoid | SwitchSoftmax | BalancedAssignment (or any object with the same methods).
+    policy: GreedySigmoid | SwitchSoftmax | BalancedAssignment (or any object with the same methods). Its
+      ``assign`` returns int32 [T] (top-1) or [T, k] (top-k, highest-ranked first), its ``gate`` the same shape;
+      a top-k policy has no distilled router (``distilled`` None).
     vocab_size: vocabulary size (for the distilled router).
     distilled: the distilled router, or None for single-stage routing.
     distill_weight: weight of the distillation loss.
@@ -147,4 +149,7 @@ class LearnedRouter(nn.Module):
                                                              token_mask))
     for name, value in losses.items():
       self.sow(AUX_LOSS, name, value)
-    return Routing(expert_index=expert_index, gate=self.policy.gate(scores, expert_index))
+    gate = self.policy.gate(scores, expert_index)
+    if expert_index.ndim == 1:  # a top-1 policy
+      return Routing.top1(expert_index, gate)
+    return Routing(expert_index=expert_index, gate=gate)

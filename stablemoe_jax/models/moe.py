@@ -1,4 +1,8 @@
-"""The MoE layer: route -> slots per routing group -> dispatch -> experts -> combine, with a residual gate."""
+"""The MoE layer: route -> slots per routing group -> dispatch -> experts -> combine, with a residual gate.
+
+The router is built by the model (``routers.make_router``) and passed in (``MoELayer(router=...)``, flaxformer's
+pattern); :func:`make_moe_layer` does both for a layer used on its own.
+"""
 from __future__ import annotations
 
 import functools
@@ -28,8 +32,30 @@ def with_groups(moe_config, groups: int):
   return config
 
 
+def resolve_groups(moe_config):
+  """``moe_config``, or where its ``num_groups`` is 0 (unresolved: a model built outside a launch) a copy with one
+  group per device of the surrounding mesh."""
+  if moe_config.get("num_groups", 1) == 0:
+    return with_groups(moe_config, mesh_devices())
+  return moe_config
+
+
+def make_moe_layer(moe_config, vocab_size: int, num_sublayers: int, d_ff: int, dropout: float = 0.0,
+                   dtype: Any = jnp.float32, layer_cls=None, **kwargs) -> "MoELayer":
+  """A MoE layer with the router of ``moe_config`` built for it (``routers.make_router``): what the models do.
+
+  ``layer_cls``: MoELayer (default) or a lifted version of it (``nn.remat(MoELayer, ...)``); ``kwargs``: Flax's
+  (``name``). Call it where the layer is built (the routing groups of ``num_groups`` 0 are those of the mesh then).
+  """
+  router = routers.make_router(resolve_groups(moe_config), vocab_size=vocab_size)
+  return (layer_cls or MoELayer)(moe_config, vocab_size, num_sublayers, d_ff, dropout, dtype, router=router,
+                                 **kwargs)
+
+
 class MoELayer(nn.Module):
-  """Top-1 MoE: ``h'_t = h_t + gate_t * Expert_{e_t}(h_t)``; dropped tokens pass unchanged.
+  """Top-k MoE: ``h'_t = h_t + sum_j gate_tj * Expert_{e_tj}(h_t)`` over the k choices of the router (k = 1:
+  ``h_t + gate_t * Expert_{e_t}(h_t)``); a dropped choice adds nothing, a token with every choice dropped passes
+  unchanged.
 
   The router runs on all T tokens (its losses are over the global batch). Tokens are then taken
   in ``model.moe.num_groups`` groups of T / G consecutive tokens with C = ``ceil(cf * T / G / E)``
@@ -42,6 +68,17 @@ class MoELayer(nn.Module):
   dispatcher on the CPU when no token can be dropped (capacity = group size) and experts are not split
   over devices, so no-drop evaluation costs about the routed rows, not E times them (on a GPU, index).
 
+  Top-k (``Routing.expert_index [T, k]``, k > 1): each of a token's k choices takes a slot of its expert's capacity
+  (capacity counts choices, GShard's and MaxText's convention), filled in this order within a group: every token's
+  first choice (in the group's order, shuffled or not), then every token's second choice, and so on, so a second
+  choice never displaces a first one. Each choice is dispatched as a row of its own (the dispatchers see a group
+  of k * T / G rows) and the layer sums the k gated outputs. The load metrics count choices; the gate metrics read
+  the first choice's gate.
+
+  Shared experts (``model.moe.shared_experts = n > 0``, DeepSeekMoE): n more expert FFNs of the same shape
+  (``shared_experts`` [n, ...], replicated, not split over expert devices) that every token goes through, ungated,
+  whatever the router: ``h'_t = h_t + routed_t + sum_{i < n} Shared_i(h_t)``. Padding still passes unchanged.
+
   Attributes:
     moe_config: the ``model.moe`` config (router name and its settings, experts, capacity, groups).
     vocab_size: vocabulary size (for token-id routers).
@@ -49,6 +86,8 @@ class MoELayer(nn.Module):
     d_ff: expert FFN width.
     dropout: dropout inside the experts.
     dtype: computation dtype.
+    router: the router module, built by the model (``routers.make_router``, unbound) and adopted here as
+      "router": ``router(h [T, d], token_ids, in_stage1, deterministic, token_mask=) -> Routing``.
   """
 
   moe_config: Any
@@ -57,6 +96,7 @@ class MoELayer(nn.Module):
   d_ff: int
   dropout: float = 0.0
   dtype: Any = jnp.float32
+  router: Any = None
 
   @nn.compact
   def __call__(self, x: jax.Array, token_ids: jax.Array, in_stage1: jax.Array,
@@ -66,16 +106,17 @@ class MoELayer(nn.Module):
     ``token_mask`` bool [B, S] (None: every token is real): False marks padding, which takes no expert
     capacity, passes unchanged, and counts in no routing loss or metric.
     """
-    cfg = self.moe_config
-    if cfg.get("num_groups", 1) == 0:  # unresolved (a model built outside a launch): one group per device of the mesh
-      cfg = with_groups(cfg, mesh_devices())
+    if self.router is None:
+      raise ValueError("MoELayer needs its router: build the layer with moe.make_moe_layer(...), or pass "
+                       "router=routers.make_router(moe_config, vocab_size=...).")
+    cfg = resolve_groups(self.moe_config)  # num_groups 0 (a model built outside a launch): one per device of the mesh
     num_experts = cfg.num_experts
     batch, length, d = x.shape
     h = x.reshape(batch * length, d)
     valid = None if token_mask is None else token_mask.reshape(-1)
     weights = None if valid is None else valid.astype(jnp.float32)
-    routing = routers.make_router(cfg, vocab_size=self.vocab_size)(h, token_ids, in_stage1, deterministic,
-                                                                   token_mask=weights)
+    routing = self.router(h, token_ids, in_stage1, deterministic, token_mask=weights)
+    top_k = routing.top_k
 
     groups = 1 if self.is_initializing() else cfg.get("num_groups", 1)  # init's sample batch may be tiny
     if h.shape[0] % groups:
@@ -84,9 +125,14 @@ class MoELayer(nn.Module):
     capacity_factor = cfg.eval_capacity_factor if deterministic else cfg.capacity_factor
     capacity = dispatch.expert_capacity(group_size, num_experts, capacity_factor)
     shuffle = cfg.get("shuffle_tokens", False) and not deterministic and self.has_rng(SHUFFLE_RNG)
-    slots = dispatch.group_slots(routing.expert_index.reshape(groups, group_size), num_experts, capacity,
-                                 self.make_rng(SHUFFLE_RNG) if shuffle else None,
-                                 None if valid is None else valid.reshape(groups, group_size))
+    shuffle_rng = self.make_rng(SHUFFLE_RNG) if shuffle else None
+    group_valid = None if valid is None else valid.reshape(groups, group_size)
+    if top_k == 1:
+      slots = dispatch.group_slots(routing.expert_index.reshape(groups, group_size), num_experts, capacity,
+                                   shuffle_rng, group_valid)
+    else:  # [G, k * Tg]: the choices choice-major (every first choice, then every second, ...), each a row
+      slots = dispatch.choice_slots(routing.expert_index.reshape(groups, group_size, top_k), num_experts, capacity,
+                                    shuffle_rng, group_valid).swapaxes(1, 2).reshape(groups, top_k * group_size)
 
     expert_params = experts.FFNExperts(num_experts, self.num_sublayers, self.d_ff,
                                         bias_init=cfg.get("expert_bias_init", "zeros"), name="experts")(d)
@@ -95,15 +141,42 @@ class MoELayer(nn.Module):
     dispatcher = dispatch.choose_dispatcher(
         cfg.get("dispatcher", "auto"), eval_name=cfg.get("eval_dispatcher", "auto") if deterministic else None,
         no_drops=capacity == group_size, block_size=cfg.get("block_size", dispatch.DEFAULT_BLOCK_SIZE))
-    expert_out = dispatcher(h.reshape(groups, group_size, d), slots, expert_params, dropout_rng,
-                            expert_fn=expert_fn, num_experts=num_experts, capacity=capacity).reshape(-1, d)
-    out = h + routing.gate[:, None].astype(h.dtype) * expert_out
-    kept = slots.reshape(-1) < num_experts * capacity
-    self.sow(METRICS, "load", expert_load(routing.expert_index, num_experts, weights))
-    self.sow(METRICS, "dropped_fraction", 1.0 - masked_mean(kept.astype(jnp.float32), weights))
+    if top_k == 1:
+      expert_index, gate = routing.expert_index[:, 0], routing.gate[:, 0]
+      expert_out = dispatcher(h.reshape(groups, group_size, d), slots, expert_params, dropout_rng,
+                              expert_fn=expert_fn, num_experts=num_experts, capacity=capacity).reshape(-1, d)
+      out = h + gate[:, None].astype(h.dtype) * expert_out
+      kept = slots.reshape(-1) < num_experts * capacity
+    else:
+      expert_index, gate = routing.expert_index, routing.gate
+      rows = jnp.broadcast_to(h.reshape(groups, 1, group_size, d), (groups, top_k, group_size, d))
+      expert_out = dispatcher(rows.reshape(groups, top_k * group_size, d), slots, expert_params, dropout_rng,
+                              expert_fn=expert_fn, num_experts=num_experts, capacity=capacity)
+      expert_out = expert_out.reshape(groups, top_k, group_size, d).swapaxes(1, 2).reshape(-1, top_k, d)
+      out = h + jnp.sum(gate[..., None].astype(h.dtype) * expert_out, axis=1)
+      kept = (slots.reshape(groups, top_k, group_size).swapaxes(1, 2).reshape(-1, top_k)
+              < num_experts * capacity)  # [T, k]
+    shared = cfg.get("shared_experts", 0)
+    if shared > 0:  # DeepSeekMoE's shared experts: every token through each, added to the routed output
+      shared_params = experts.FFNExperts(shared, self.num_sublayers, self.d_ff,
+                                         bias_init=cfg.get("expert_bias_init", "zeros"), partitioned=False,
+                                         name="shared_experts")(d)
+      rows = jnp.broadcast_to(h[None, None], (shared, 1, *h.shape))  # [n, 1, T, d]: one "group" of all T tokens
+      shared_out = expert_fn(shared_params, rows, num_experts + jnp.arange(shared), jnp.zeros((1,), jnp.int32),
+                             dropout_rng)  # dropout keys: expert ids after the routed ones
+      shared_out = jnp.sum(shared_out[:, 0], axis=0)
+      out = out + (shared_out if valid is None else jnp.where(valid[:, None], shared_out, 0))
+    self.sow(METRICS, "load", expert_load(expert_index, num_experts, weights))
+    self.sow(METRICS, "dropped_fraction", 1.0 - masked_mean(
+        kept.astype(jnp.float32), weights if weights is None or top_k == 1 else weights[:, None]))
     # Router health (gate and load) every step; per-token routing only when ROUTING is mutable.
-    for name, value in routing_health(routing.expert_index, routing.gate, num_experts, weights).items():
+    for name, value in routing_health(expert_index, gate, num_experts, weights).items():
       self.sow(METRICS, name, value)
-    self.sow(ROUTING, "expert_index", routing.expert_index)
-    self.sow(ROUTING, "gate", routing.gate)
+    # The first (highest-ranked) choice as ``expert_index`` / ``gate`` [T] (what the routing analysis reads);
+    # with k > 1 every choice too, [T, k].
+    self.sow(ROUTING, "expert_index", routing.expert_index[:, 0])
+    self.sow(ROUTING, "gate", routing.gate[:, 0])
+    if top_k > 1:
+      self.sow(ROUTING, "expert_choices", routing.expert_index)
+      self.sow(ROUTING, "gate_choices", routing.gate)
     return out.reshape(batch, length, d)

@@ -19,10 +19,17 @@ of StableMoE (distil the learned assignment into a token-id-only router during
 - ``base`` (``base_router.py``): balanced assignment in training (auction, ``balanced_assignment.py``),
   greedy at inference, sigmoid gate, no loss;
 - ``switch`` and ``base`` with ``fixed_routing=True``: the same two stages (Table 5);
-- ``hash`` (``hash_router.py``): routes by a fixed token-id -> expert table.
+- ``hash`` (``hash_router.py``): routes by a fixed token-id -> expert table;
+- ``deepseek`` (``deepseek_router.py``): DeepSeek-V3's sigmoid top-k on affinity + a per-expert bias moved after
+  every step toward balance (no auxiliary loss), gates the normalised affinities x ``routed_scale``.
 
 A new method: a module of its own with a router module (or a policy of ``LearnedRouter``), its ``build``, ``check``
-and default settings, an entry in ``ROUTERS``, and its config section.
+and default settings, an entry in ``ROUTERS``, and its config section. The entry holds every fact about the router
+that code outside ``models/`` needs (the health verdict's gate range, a post-update hook, its losses, the cures a
+collapse message names): nothing outside ``models/`` branches on a router's name.
+
+The model builds the router (:func:`make_router`, unbound: ``parent=None``) and passes it into its MoE layer
+(``MoELayer(router=...)``, flaxformer's pattern), which adopts it under the name "router".
 """
 from __future__ import annotations
 
@@ -32,7 +39,14 @@ from typing import Any, Callable
 import flax.linen as nn
 import numpy as np
 
-from stablemoe_jax.models import base_router, hash_router, stablemoe_router, switch_router
+from stablemoe_jax.models import (base_router, cosine_routing, deepseek_router, hash_router, stablemoe_router,
+                                  switch_router)
+
+# What a router's gate is, which fixes the range it can reach (train/health.py's early warning): "sigmoid" of a
+# score ((0, 1) for a dot product, [sigmoid(-1/tau), sigmoid(1/tau)] for a cosine one), "softmax" (the top choice's
+# probability: [1/N, 1] for top-1, [1/k, 1] renormalised over k choices; DeepSeek's normalised affinities too),
+# "fixed" (a constant gate: no range). ``RouterEntry.gate_scale`` multiplies the range (DeepSeek's routed_scale).
+GATE_KINDS = ("sigmoid", "softmax", "fixed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +63,18 @@ class RouterEntry:
     preset_keys: settings a preset may change from ``defaults`` while another router is chosen (they are then
       unused): the CPU presets turn on small-scale deviations this way, and ``--config.model.moe.router=X``
       still works on them.
+    gate_kind: (settings) -> one of ``GATE_KINDS``: what the gate is, so the range the health verdict places the
+      mean gate in (train/health.py reads it here).
+    gate_scale: (settings) -> the factor on the gate's range (1 but for DeepSeek's ``routed_scale``).
+    top_k: (settings) -> k, the experts each token is routed to (``Routing.expert_index [T, k]``).
+    post_update: optional (model config) -> ``(params, metrics) -> params`` or None: applied by the train step to
+      the parameters after every optimizer update, with the step's metrics (X-MoE's centroid rescale,
+      ``cosine_routing.expert_norm_hook``; DeepSeek's bias update from the step's load,
+      ``deepseek_router.bias_update_hook``).
+    losses: the names of the auxiliary losses the router may sow (logged as ``aux/<name>``).
+    collapse_cures: settings of this router a collapse message suggests first, before the generic cures.
+    added_settings: settings added after checkpoints were written, each at the value that reproduces those runs
+      (a checkpoint whose config lacks the key restores where it has this value; ``train/checkpoint.py``).
   """
 
   build: Callable[..., nn.Module]
@@ -57,29 +83,111 @@ class RouterEntry:
   uses_distilled_router: Callable[[Any], bool] = lambda settings: False
   fill_from_data: Callable[..., dict] | None = None
   preset_keys: tuple[str, ...] = ()
+  gate_kind: Callable[[Any], str] = lambda settings: "sigmoid"
+  gate_scale: Callable[[Any], float] = lambda settings: 1.0
+  top_k: Callable[[Any], int] = lambda settings: 1
+  post_update: Callable[[Any], Callable[[dict], dict] | None] | None = None
+  losses: tuple[str, ...] = ()
+  collapse_cures: tuple[str, ...] = ()
+  added_settings: dict = dataclasses.field(default_factory=dict)
 
 
 ROUTERS: dict[str, RouterEntry] = {
     "stablemoe": RouterEntry(
         stablemoe_router.build, stablemoe_router.DEFAULTS, stablemoe_router.check,
-        uses_distilled_router=lambda s: True, preset_keys=stablemoe_router.PRESET_KEYS),
+        uses_distilled_router=lambda s: True, preset_keys=stablemoe_router.PRESET_KEYS,
+        post_update=cosine_routing.expert_norm_hook, losses=("balance", "z_loss", "distill"),
+        collapse_cures=("--config.model.moe.stablemoe.balance_scope=all",)),
     "switch": RouterEntry(
         switch_router.build, switch_router.DEFAULTS, switch_router.check,
-        uses_distilled_router=lambda s: s.fixed_routing, preset_keys=switch_router.PRESET_KEYS),
+        uses_distilled_router=lambda s: s.fixed_routing, preset_keys=switch_router.PRESET_KEYS,
+        gate_kind=lambda s: "softmax", top_k=switch_router.top_k, post_update=cosine_routing.expert_norm_hook,
+        losses=("balance", "z_loss", "distill"), added_settings={"top_k": 1}),
     "base": RouterEntry(
-        base_router.build, base_router.DEFAULTS, base_router.check, uses_distilled_router=lambda s: s.fixed_routing),
+        base_router.build, base_router.DEFAULTS, base_router.check, uses_distilled_router=lambda s: s.fixed_routing,
+        losses=("distill",)),
     "hash": RouterEntry(hash_router.build, hash_router.DEFAULTS, hash_router.check,
-                        fill_from_data=hash_router.fill_from_data),
+                        fill_from_data=hash_router.fill_from_data, gate_kind=lambda s: "fixed"),
+    "deepseek": RouterEntry(
+        deepseek_router.build, deepseek_router.DEFAULTS, deepseek_router.check, gate_kind=lambda s: "softmax",
+        gate_scale=lambda s: float(s.routed_scale), top_k=deepseek_router.top_k,
+        post_update=deepseek_router.bias_update_hook, losses=("balance",), added_settings=deepseek_router.DEFAULTS,
+        collapse_cures=("a larger --config.model.moe.deepseek.bias_update_rate",)),
 }
 
 
-def make_router(moe_config, *, vocab_size: int) -> nn.Module:
-  """Builds the router named by ``moe_config.router`` from its own section ``moe_config[router]``."""
+# ``model.moe`` keys added after checkpoints were written, at the value that reproduces those runs.
+ADDED_MOE_SETTINGS = {"shared_experts": 0}
+
+
+def without_added_settings(moe: dict) -> dict:
+  """A ``model.moe`` config as a dict, less every key added after checkpoints were written (``ADDED_MOE_SETTINGS``,
+  each router's ``added_settings``) that holds the value reproducing those runs: so a config written before the key
+  existed compares equal to one at that value."""
+  moe = dict(moe)
+  for key, value in ADDED_MOE_SETTINGS.items():
+    if moe.get(key, value) == value:
+      moe.pop(key, None)
+  for name, entry in ROUTERS.items():
+    if isinstance(moe.get(name), dict) and entry.added_settings:
+      moe[name] = {k: v for k, v in moe[name].items() if entry.added_settings.get(k, object()) != v}
+      if not moe[name] and moe.get("router") != name:  # a router added since, at its defaults: as absent
+        del moe[name]
+  return moe
+
+
+def chosen(moe_config) -> tuple[RouterEntry, Any]:
+  """The registry entry of ``moe_config.router`` and its settings section (None where a hand-built config has
+  none)."""
   name = moe_config.router
   if name not in ROUTERS:
     raise ValueError(f"unknown router {name!r}; choose one of {sorted(ROUTERS)}")
-  return ROUTERS[name].build(moe_config[name], moe_config=moe_config, num_experts=moe_config.num_experts,
-                             vocab_size=vocab_size)
+  return ROUTERS[name], moe_config.get(name)
+
+
+def gate_kind(moe_config) -> str:
+  """What the chosen router's gate is (``GATE_KINDS``)."""
+  entry, settings = chosen(moe_config)
+  return entry.gate_kind(settings)
+
+
+def gate_scale(moe_config) -> float:
+  """The factor on the chosen router's gate range."""
+  entry, settings = chosen(moe_config)
+  return float(entry.gate_scale(settings)) if settings is not None else 1.0
+
+
+def top_k(moe_config) -> int:
+  """The experts each token is routed to by the chosen router."""
+  entry, settings = chosen(moe_config)
+  return int(entry.top_k(settings)) if settings is not None else 1
+
+
+def collapse_cures(router: str) -> tuple[str, ...]:
+  """The chosen router's own cures for a collapse (none for a name not in the registry)."""
+  entry = ROUTERS.get(router)
+  return entry.collapse_cures if entry is not None else ()
+
+
+def post_update_hook(model_config) -> Callable[[dict], dict] | None:
+  """The chosen router's ``post_update`` hook for this model (``(params, metrics) -> params``), or None: no hook, a
+  dense model, or no MoE layer. The train step applies it after every optimizer update."""
+  moe = model_config.get("moe") if model_config is not None else None
+  if moe is None or not moe.get("enabled", True) or model_config.get("dense_match", "none") != "none":
+    return None
+  entry = ROUTERS.get(moe.router)
+  if entry is None or entry.post_update is None:
+    return None
+  return entry.post_update(model_config)
+
+
+def make_router(moe_config, *, vocab_size: int) -> nn.Module:
+  """Builds the router named by ``moe_config.router`` from its own section ``moe_config[router]``: an unbound
+  module named "router" (``parent=None``), for the model to pass into a MoE layer (which adopts it) or to call
+  on its own."""
+  entry, _ = chosen(moe_config)
+  return entry.build(moe_config[moe_config.router], moe_config=moe_config, num_experts=moe_config.num_experts,
+                     vocab_size=vocab_size)
 
 
 def fill_tables_from_data(params: dict, model_config, token_counts: Callable[[], np.ndarray]) -> dict:

@@ -1,7 +1,7 @@
 """The value every router returns, and the losses routers share.
 
 A router maps token representations ``h [T, d]`` and token ids ``[T]`` to a
-:class:`Routing`: one expert per token and the scalar gate applied to that
+:class:`Routing`: k experts per token (k = 1 for top-1 routers) and the scalar gate applied to each chosen
 expert's output. Auxiliary losses and routing metrics are reported through
 Flax's ``sow`` into the ``aux_loss`` and ``moe_metrics`` collections, so that
 adding a routing method never changes the layer, the model or the train step.
@@ -19,15 +19,25 @@ ROUTING = "routing"
 
 
 class Routing(struct.PyTreeNode):
-  """Top-1 routing decision for T tokens.
+  """Top-k routing decision for T tokens (k = 1 for every top-1 router).
 
   Attributes:
-    expert_index: int32 [T], the expert each token is sent to.
-    gate: float32 [T], the multiplier on that expert's output.
+    expert_index: int32 [T, k], the experts each token is sent to, its first (highest-ranked) choice first; the
+      k experts of a token are distinct.
+    gate: float [T, k], the multiplier on each chosen expert's output (the MoE layer sums the k gated outputs).
   """
 
   expert_index: jax.Array
   gate: jax.Array
+
+  @property
+  def top_k(self) -> int:
+    return int(self.expert_index.shape[-1])
+
+  @classmethod
+  def top1(cls, expert_index: jax.Array, gate: jax.Array) -> "Routing":
+    """A top-1 router's decision from expert_index [T] and gate [T]."""
+    return cls(expert_index=expert_index[:, None], gate=gate[:, None])
 
 
 # Which tokens' gates StableMoE's balance loss acts on, for expert i (model.moe.stablemoe.balance_scope).
@@ -99,7 +109,14 @@ def router_z_loss(scores: jax.Array, weights: jax.Array | None = None) -> jax.Ar
 
 
 def expert_load(expert_index: jax.Array, num_experts: int, weights: jax.Array | None = None) -> jax.Array:
-  """Fraction of tokens sent to each expert: float32 [N] from int32 [T] (only real tokens if weights [T])."""
+  """Fraction of tokens sent to each expert: float32 [N] from int32 [T] (only real tokens if weights [T]).
+
+  With k choices per token (expert_index [T, k]): the fraction of the choices, each choice counting once.
+  """
+  if expert_index.ndim == 2:
+    choices = expert_index.shape[1]
+    weights = None if weights is None else jnp.repeat(weights[:, None], choices, axis=1).reshape(-1)
+    expert_index = expert_index.reshape(-1)
   if weights is None:
     return jnp.bincount(expert_index, length=num_experts).astype(jnp.float32) / expert_index.shape[0]
   counts = jnp.zeros((num_experts,), jnp.float32).at[expert_index].add(weights)
@@ -114,8 +131,9 @@ def routing_health(expert_index: jax.Array, gate: jax.Array, num_experts: int,
   """Health of one layer's routing of T tokens: float32 scalars, each sown as a metric by the MoE layer.
 
   Args:
-    expert_index: int32 [T], the expert of each token.
-    gate: float [T], the multiplier on that expert's output.
+    expert_index: int32 [T] or [T, k], the expert(s) of each token (the load counts every choice).
+    gate: float [T] or [T, k], the multiplier(s) on the experts' outputs (the gate metrics read the first,
+      highest-ranked choice's gate).
     num_experts: N.
     weights: float32 [T], 1 = a real token, 0 = padding (not counted); None: all real.
 
@@ -125,6 +143,8 @@ def routing_health(expert_index: jax.Array, gate: jax.Array, num_experts: int,
     in [0, 1]; 1 for N = 1); ``max_load`` (the largest expert's share of the tokens).
   """
   gate = gate.astype(jnp.float32)
+  if gate.ndim == 2:
+    gate = gate[:, 0]
   load = expert_load(expert_index, num_experts, weights)
   entropy = jnp.sum(jax.scipy.special.entr(load))
   return {

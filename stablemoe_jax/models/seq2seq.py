@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from stablemoe_jax.core.constants import PAD_ID  # noqa: F401  (the pad id; re-exported)
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
-from stablemoe_jax.models.moe import MoELayer
+from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size, tied_logits
 from stablemoe_jax.models.transformer import dense_match_plan, moe_positions
 
@@ -207,7 +207,7 @@ class TransformerSeq2Seq(nn.Module):
       self.decoder_dense_ffn = [FFNExperts(1, sublayers, width) for _ in placement]
     elif placement:
       sublayers = max(1, moe.sublayers_per_expert // len(placement))
-      layer = lambda: MoELayer(moe, cfg.vocab_size, sublayers, moe.d_ff or cfg.d_ff, cfg.dropout, dtype)
+      layer = lambda: make_moe_layer(moe, cfg.vocab_size, sublayers, moe.d_ff or cfg.d_ff, cfg.dropout, dtype)
       self.encoder_moe = [layer() for _ in placement]
       self.decoder_moe = [layer() for _ in placement]
 

@@ -56,17 +56,19 @@ def StableMoERouter(num_experts: int, vocab_size: int, distill_dim: int = 50, ba
                     distilled: DistilledRouterSpec | None = None, name: str | None = None,
                     balance_scope: str = "assigned", z_loss_weight: float = 0.0, affinity: str = "dot",
                     cosine_dim: int = 0, cosine_temperature: float = 0.5,
-                    cosine_expert_norm: float = 0.0) -> LearnedRouter:
+                    cosine_expert_norm: float = 0.0, **module_kwargs) -> LearnedRouter:
   """StableMoE (Dai et al., 2022, Sections 3.1-3.3) = the greedy-sigmoid router with its balance loss, two-staged.
 
   Stage 1: greedy top-1 on ``s = h E^T``, gate ``sigmoid(s[t, a_t])``, balance + distillation losses.
   Stage 2 and inference: the distilled router's argmax; the gate still uses E.
+  ``module_kwargs``: Flax's (e.g. ``parent=None`` for a router built to be passed into a MoE layer).
   """
   distilled = distilled or DistilledRouterSpec(dim=distill_dim, centroid_gain=centroid_gain)
   return LearnedRouter(num_experts=num_experts, policy=GreedySigmoid(balance_alpha, balance_scope, z_loss_weight),
                        vocab_size=vocab_size, distilled=distilled, distill_weight=distill_weight,
                        centroid_gain=centroid_gain, affinity=affinity, cosine_dim=cosine_dim,
-                       cosine_temperature=cosine_temperature, cosine_expert_norm=cosine_expert_norm, name=name)
+                       cosine_temperature=cosine_temperature, cosine_expert_norm=cosine_expert_norm, name=name,
+                       **module_kwargs)
 
 
 def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
@@ -76,7 +78,7 @@ def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Modu
                          z_loss_weight=settings.get("z_loss_weight", 0.0), **cosine_kwargs(settings),
                          distill_weight=distilled_section(moe_config).distill_weight,
                          centroid_gain=settings.centroid_gain,
-                         distilled=distilled_spec(moe_config, settings.centroid_gain), name="router")
+                         distilled=distilled_spec(moe_config, settings.centroid_gain), name="router", parent=None)
 
 
 def check(s, moe_config) -> list[str]:

@@ -12,7 +12,7 @@ import ml_collections
 
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size, tied_logits  # noqa: F401
-from stablemoe_jax.models.moe import MoELayer
+from stablemoe_jax.models.moe import MoELayer, make_moe_layer
 
 PLACEMENTS = ("bottom", "middle", "top", "scattered")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
@@ -208,8 +208,8 @@ class TransformerLM(nn.Module):
           x = x + apply_ffn_experts(ffn_params, x[None], jnp.zeros((1,), jnp.int32), rows, rng,
                                     dropout=cfg.dropout, dtype=dtype)[0]
           continue
-        x = moe_cls(moe, cfg.vocab_size, max(1, sublayers), moe.d_ff or cfg.d_ff, cfg.dropout, dtype,
-                    name=f"moe_{k}")(x, tokens, in_stage1, deterministic)
+        x = make_moe_layer(moe, cfg.vocab_size, max(1, sublayers), moe.d_ff or cfg.d_ff, cfg.dropout, dtype,
+                           layer_cls=moe_cls, name=f"moe_{k}")(x, tokens, in_stage1, deterministic)
       if block < cfg.num_layers:
         x = block_cls(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype, attention, name=f"block_{block}")(
             x, deterministic)

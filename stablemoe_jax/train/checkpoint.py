@@ -9,6 +9,8 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from stablemoe_jax.models.routers import without_added_settings
+
 # Train settings that may change between a run and its resumption without changing its result.
 _RESUMABLE_TRAIN_KEYS = ("log_every", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints")
 # Schedules whose learning rate at a step does not depend on ``train.steps``: a finished run of one of them may be
@@ -48,7 +50,8 @@ def _comparable(config: dict, for_training: bool) -> dict:
   multiple = model.pop("vocab_multiple", 0)
   if multiple > 1 and model.get("vocab_size", 0) % multiple:
     model["padded_vocab_size"] = -(-model["vocab_size"] // multiple) * multiple
-  model["moe"] = {k: v for k, v in model.get("moe", {}).items() if k not in _LAYOUT_MOE_KEYS}
+  # Keys added since (model.moe.shared_experts, switch.top_k) at the value old runs had: equal to absent.
+  model["moe"] = without_added_settings({k: v for k, v in model.get("moe", {}).items() if k not in _LAYOUT_MOE_KEYS})
   sections = {"model": model, "data": {k: v for k, v in config["data"].items() if k not in _DATA_LOCATION_KEYS}}
   sections["task"] = config.get("task", "lm")  # configs written before the key existed are language models
   if for_training:

@@ -18,7 +18,8 @@ runs written before this rule included, so every committed run is judged alike.
 Early warnings, which never make a layer dead: a mean gate pinned near the floor of the range its router can reach
 (``health.min_gate_position`` of the way from the floor to the ceiling: [0, 1] for a dot-product sigmoid gate,
 [sigmoid(-1/tau), sigmoid(1/tau)] for a cosine one with temperature tau, [1/N, 1] for Switch's top softmax
-probability; Hash's gate is fixed), and a low load balance (``health.min_load_balance``). A sparse gate is not a
+probability, [1/k, 1] for its first of k renormalised ones; Hash's gate is fixed; each router's registry entry,
+``models/routers.py``, says which its gate is), and a low load balance (``health.min_load_balance``). A sparse gate is not a
 dead layer: BASE Layer and the dot-product StableMoE keep most gates near 0 and still carry 3-7% of the perplexity.
 
 Resumption: the guard's state is a function of the logged records (windows and evaluation points), so a resumed run
@@ -31,10 +32,11 @@ import math
 
 from stablemoe_jax.core.constants import HEALTH_DEFAULTS as DEFAULTS
 from stablemoe_jax.core.errors import require
+from stablemoe_jax.models import routers
 
 HEALTH_METRICS = ("mean_gate", "low_gate_fraction", "load_balance", "max_load", "dropped_fraction", "load_entropy")
 ON_COLLAPSE = ("warn", "stop")
-GATE_KINDS = ("sigmoid", "softmax", "fixed")  # what a router's gate is: its attainable range follows from it
+GATE_KINDS = routers.GATE_KINDS  # what a router's gate is (its registry entry says): its attainable range follows
 DOCS_PAGE = 'docs/router_health.md'
 
 
@@ -57,6 +59,8 @@ class GuardSettings:
   gate: str  # GATE_KINDS
   affinity: str  # "dot" | "cosine": a cosine gate's range depends on the logged temperature
   num_experts: int
+  top_k: int = 1  # experts per token: a softmax gate renormalised over k > 1 choices reaches [1/k, 1]
+  gate_scale: float = 1.0  # the router's factor on its gate (DeepSeek's routed_scale)
 
   @classmethod
   def from_config(cls, config) -> "GuardSettings":
@@ -70,13 +74,16 @@ class GuardSettings:
                min_gate_position=float(section["min_gate_position"]),
                min_load_balance=float(section["min_load_balance"]), patience=int(section["patience"]),
                after_step=int(config.train.warmup_steps if after < 0 else after),
-               on_collapse=str(section["on_collapse"]), router=router, gate=gate_kind(router),
-               affinity=str(router_section.get("affinity", "dot")), num_experts=int(moe.num_experts))
+               on_collapse=str(section["on_collapse"]), router=router, gate=gate_kind(moe),
+               affinity=str(router_section.get("affinity", "dot")), num_experts=int(moe.num_experts),
+               top_k=routers.top_k(moe) if router in routers.ROUTERS else 1,
+               gate_scale=routers.gate_scale(moe) if router in routers.ROUTERS else 1.0)
 
 
-def gate_kind(router: str) -> str:
-  """Switch's gate is its top softmax probability; Hash's is 1; every other router's is a sigmoid of its score."""
-  return {"switch": "softmax", "hash": "fixed"}.get(router, "sigmoid")
+def gate_kind(moe) -> str:
+  """What the chosen router's gate is, from its registry entry (``RouterEntry.gate_kind``; "sigmoid" for a router
+  the registry does not know)."""
+  return routers.gate_kind(moe) if moe.router in routers.ROUTERS else "sigmoid"
 
 
 def gate_range(settings: GuardSettings, values: dict[str, float]) -> tuple[float, float] | None:
@@ -88,7 +95,8 @@ def gate_range(settings: GuardSettings, values: dict[str, float]) -> tuple[float
   if settings.gate == "fixed":
     return None
   if settings.gate == "softmax":
-    return 1.0 / max(settings.num_experts, 1), 1.0
+    return settings.gate_scale / max(settings.num_experts if settings.top_k <= 1 else settings.top_k, 1), \
+        settings.gate_scale
   if settings.affinity == "cosine":
     tau = values.get("router_temperature")
     if tau is None or not tau > 0:
@@ -183,7 +191,7 @@ class Collapse:
     v = self.values
     numbers = ", ".join(f"{name} {v[name]:.4f}" for name in (*HEALTH_METRICS, "top2_load", "contribution")
                         if name in v)
-    cures = (f"Likely cures: {'--config.model.moe.stablemoe.balance_scope=all, ' if self.router == 'stablemoe' else ''}"
+    cures = (f"Likely cures: {''.join(cure + ', ' for cure in routers.collapse_cures(self.router))}"
              f"a lower --config.train.learning_rate, a longer --config.train.warmup_steps, or the balance-loss settings "
              f"(model.moe.stablemoe.balance_alpha, model.moe.switch.balance_weight); see {DOCS_PAGE}.")
     if not self.dead:

@@ -1,0 +1,133 @@
+"""DeepSeek-V3's router (DeepSeek-AI, 2024, Section 2.1.2): sigmoid affinities, top-k chosen on affinity + a per-expert
+bias, gates = the chosen affinities normalised over the k (without the bias) x ``routed_scale``; the bias balances
+the load without an auxiliary loss, moved after every step by ``bias_update_rate * sign(mean load - load_i)``; an
+optional small sequence-wise balance loss.
+
+Its settings are the section ``model.moe.deepseek`` (``DEFAULTS``); ``models/routers.py`` registers it.
+
+The bias is the router's parameter ``expert_bias [N]`` read through ``stop_gradient``: it has no gradient, so Adam
+(no weight decay) leaves it exactly as it is, and it is saved, restored and resumed with the other parameters. The
+train step moves it after the optimizer update, through the registry's post-update hook (:func:`bias_update_hook`),
+from the step's logged per-expert load of that layer (``moe/<layer>/load``: each expert's share of the step's
+T * k choices, mean 1 / N).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from stablemoe_jax.models.routing import AUX_LOSS, METRICS, Routing, masked_mean
+
+# DeepSeek-V3's 8 of 256 experts, scale 2.5 and gamma 0.001 are for its size; here top-2 and scale 1.
+DEFAULTS = dict(top_k=2, routed_scale=1.0, bias_update_rate=1e-3, balance_weight=0.0, centroid_gain=0.1)
+BIAS = "expert_bias"
+ROUTER_MODULE = "router"
+
+
+def sequence_balance_loss(affinity: jax.Array, expert_index: jax.Array, sequences: int,
+                          weights: jax.Array | None = None) -> jax.Array:
+  """DeepSeek-V3's sequence-wise balance loss without its weight: the mean over sequences of ``sum_i f_i P_i``.
+
+  Per sequence of S tokens: ``f_i = N / (k S) * #(tokens choosing i)`` (no gradient), ``P_i`` the mean over its
+  tokens of the normalised affinity ``a_{t,i} / sum_j a_{t,j}``; 1 when uniform. affinity float32 [T, N],
+  expert_index int32 [T, k], weights float32 [T] or None (padding counts nowhere) -> scalar.
+  """
+  tokens, num_experts = affinity.shape
+  top_k = expert_index.shape[1]
+  chosen = jnp.sum(jax.nn.one_hot(expert_index, num_experts, dtype=jnp.float32), axis=1)  # [T, N]
+  normalised = affinity / jnp.sum(affinity, axis=-1, keepdims=True)
+  w = jnp.ones((tokens,), jnp.float32) if weights is None else weights
+  w = w.reshape(sequences, -1, 1)
+  count = jnp.maximum(jnp.sum(w, axis=1), 1.0)  # [B, 1] real tokens a sequence
+  f = jax.lax.stop_gradient(jnp.sum(chosen.reshape(sequences, -1, num_experts) * w, axis=1)) * num_experts / (
+      top_k * count)
+  p = jnp.sum(normalised.reshape(sequences, -1, num_experts) * w, axis=1) / count
+  return jnp.mean(jnp.sum(f * p, axis=-1))
+
+
+class DeepSeekRouter(nn.Module):
+  """Sigmoid affinities ``a = sigmoid(h E^T)``, top-k on ``a + b`` (b the per-expert bias, no gradient), gates
+  ``routed_scale * a_chosen / sum(a_chosen)`` [T, k], the k choices most preferred first."""
+
+  num_experts: int
+  top_k: int = 2
+  routed_scale: float = 1.0
+  balance_weight: float = 0.0
+  centroid_gain: float = 0.1
+
+  @nn.compact
+  def __call__(self, h: jax.Array, token_ids: jax.Array, in_stage1: jax.Array,
+               deterministic: bool = True, token_mask: jax.Array | None = None) -> Routing:
+    del in_stage1, deterministic
+    centroids = self.param("centroids", nn.initializers.orthogonal(self.centroid_gain),
+                           (self.num_experts, h.shape[-1]), jnp.float32)
+    bias = jax.lax.stop_gradient(self.param(BIAS, nn.initializers.zeros, (self.num_experts,), jnp.float32))
+    affinity = jax.nn.sigmoid(h.astype(jnp.float32) @ centroids.T)  # [T, N]
+    expert_index = jax.lax.top_k(jax.lax.stop_gradient(affinity) + bias, self.top_k)[1].astype(jnp.int32)
+    chosen = jnp.take_along_axis(affinity, expert_index, axis=-1)  # [T, k]
+    gate = self.routed_scale * chosen / jnp.sum(chosen, axis=-1, keepdims=True)
+    if self.balance_weight > 0:
+      sequences = token_ids.shape[0] if token_ids.ndim == 2 else 1
+      self.sow(AUX_LOSS, "balance", self.balance_weight * sequence_balance_loss(
+          affinity, expert_index, sequences, token_mask))
+    self.sow(METRICS, "bias_spread", jnp.max(bias) - jnp.min(bias))
+    self.sow(METRICS, "mean_affinity", masked_mean(jnp.mean(affinity, axis=-1), token_mask))
+    return Routing(expert_index=expert_index, gate=gate)
+
+
+def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
+  """The router of ``model.moe.deepseek`` (``settings``), named "router"."""
+  del moe_config, vocab_size
+  return DeepSeekRouter(num_experts=num_experts, top_k=int(settings.top_k), routed_scale=float(settings.routed_scale),
+                        balance_weight=float(settings.balance_weight), centroid_gain=float(settings.centroid_gain),
+                        name=ROUTER_MODULE, parent=None)
+
+
+def top_k(settings) -> int:
+  return int(settings.top_k) if settings is not None else DEFAULTS["top_k"]
+
+
+def updated_bias(bias: jax.Array, load: jax.Array, rate: float) -> jax.Array:
+  """``b_i + rate * sign(mean(load) - load_i)``: an expert below the mean load gains, one above it loses."""
+  return bias + rate * jnp.sign(jnp.mean(load) - load)
+
+
+def bias_update_hook(model_config) -> Callable | None:
+  """The train step's post-update hook: ``(params, metrics) -> params`` with every MoE layer's ``router/expert_bias``
+  moved by :func:`updated_bias` from that step's ``moe/<layer>/load``; None when the rate is 0."""
+  rate = float(model_config.moe.deepseek.bias_update_rate)
+  if rate == 0:
+    return None
+
+  def hook(params, metrics=None):
+    if metrics is None:
+      return params
+
+    def move(path, leaf):
+      names = [key.key for key in path if isinstance(key, jax.tree_util.DictKey)]
+      if names[-2:] != [ROUTER_MODULE, BIAS]:
+        return leaf
+      return updated_bias(leaf, metrics[f"moe/{'/'.join(names[:-2])}/load"], rate).astype(leaf.dtype)
+    return jax.tree_util.tree_map_with_path(move, params)
+
+  return hook
+
+
+def check(s, moe_config) -> list[str]:
+  """The problems of the section ``model.moe.deepseek``, one message each."""
+  problems = []
+  k = s.top_k
+  if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= moe_config.num_experts:
+    problems.append(f"model.moe.deepseek.top_k={k!r} must be an integer in [1, model.moe.num_experts="
+                    f"{moe_config.num_experts}] (DeepSeek-V3: 8 of 256).")
+  for key, meaning in (("bias_update_rate", "the bias step gamma; 0: no balancing"),
+                       ("balance_weight", "the sequence-wise balance loss; 0: off"),
+                       ("centroid_gain", "orthogonal-init gain of the centroids")):
+    if s[key] < 0:
+      problems.append(f"model.moe.deepseek.{key}={s[key]} must be >= 0 ({meaning}).")
+  if not s.routed_scale > 0:
+    problems.append(f"model.moe.deepseek.routed_scale={s.routed_scale} must be > 0 (the gates' scale; 1: none).")
+  return problems

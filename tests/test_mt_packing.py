@@ -196,3 +196,15 @@ def test_primary_set_names():
            _encoded_set(rng, 2, "xx-en", "news_2021"), _encoded_set(rng, 2, "cs-en", "valid")]
   assert bleu_report.primary_set_names(sets) == {"de-en": "test_2016_flickr", "es-en": "bible_test",
                                                  "xx-en": "news_2020", "cs-en": "valid"}
+
+
+def test_a_checkpoint_config_written_before_pack_pairs_restores_with_it_off():
+  from configs import mt_cpu
+  from stablemoe_jax.train import checkpoint
+  current = mt_cpu.get_config().to_dict()
+  old = mt_cpu.get_config().to_dict()
+  del old["data"]["pack_pairs"]
+  compare = lambda a, b: checkpoint._differences(checkpoint._comparable(a, True), checkpoint._comparable(b, True))
+  assert compare(old, current) == []
+  current["data"]["pack_pairs"] = True
+  assert compare(old, current) == ["data.pack_pairs: checkpoint '<absent>', this config True"]

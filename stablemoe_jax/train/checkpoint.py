@@ -41,6 +41,8 @@ _LAYOUT_MOE_KEYS = ("dispatcher", "eval_dispatcher", "block_size")
 _IMPLEMENTATION_MODEL_KEYS = ("attention", "remat", "loss_chunk_tokens")
 # Where the inputs lie on this machine (a run reads its prepared data from the workdir).
 _DATA_LOCATION_KEYS = ("data_dir", "tfds_data_dir")
+# Data keys added since checkpoints were written, at the value those runs had: equal to absent.
+_ADDED_DATA_SETTINGS = {"pack_pairs": False}
 
 
 def _comparable(config: dict, for_training: bool) -> dict:
@@ -52,7 +54,9 @@ def _comparable(config: dict, for_training: bool) -> dict:
     model["padded_vocab_size"] = -(-model["vocab_size"] // multiple) * multiple
   # Keys added since (model.moe.shared_experts, switch.top_k) at the value old runs had: equal to absent.
   model["moe"] = without_added_settings({k: v for k, v in model.get("moe", {}).items() if k not in _LAYOUT_MOE_KEYS})
-  sections = {"model": model, "data": {k: v for k, v in config["data"].items() if k not in _DATA_LOCATION_KEYS}}
+  data = {k: v for k, v in config["data"].items()
+          if k not in _DATA_LOCATION_KEYS and _ADDED_DATA_SETTINGS.get(k, object()) != v}
+  sections = {"model": model, "data": data}
   sections["task"] = config.get("task", "lm")  # configs written before the key existed are language models
   if for_training:
     sections["seed"] = config["seed"]

@@ -77,6 +77,9 @@ SKIPS = {
     ("docs/speed.md", "python -m benchmarks.moe_layer --dispatchers index,grouped --capacity_factor 2.0"):
         "times each dispatcher 10 times at 4,096 tokens; its flags are checked",
     ("docs/speed.md", "python -m benchmarks.eval_cost"): "a timing benchmark; its flags are checked",
+    ("docs/speed.md", "STABLEMOE_DATA_DIR=../shared/data python -m benchmarks.mt_step --workdir /work/runs/mt_step "
+                      "--rounds 6 --steps 5"): "a timing benchmark (minutes of compiles and steps on the real pairs); "
+                                               "its flags are checked, tests/test_mt_packing.py checks the packing",
     ("docs/speed.md", "python -m benchmarks.base_assignment"): "a timing benchmark at 16K tokens; flags checked",
     ("docs/speed.md", "python benchmarks/decode_speed.py --workdir runs/mt_stablemoe --sentences 1000"):
         "a timing benchmark on a trained translation run; its flags are checked",

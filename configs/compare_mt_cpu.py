@@ -15,9 +15,8 @@ def get_config() -> ml_collections.ConfigDict:
   config = mt_cpu.get_config()
   config.train.steps = 1000  # of mt_cpu's 1,200
   config.train.stage1_steps = 200
-  # Packed rows (83% of target positions real, against 60% in mt_cpu's three length buckets), the head's loss in
-  # chunks and the final BLEU on each pair's table column only: 1.3x the real target tokens a second of a train
-  # step, 1.4x with the chunks, 1.6x of a whole run (benchmarks/results/mt_step/README.md).
+  # Cheaper real target tokens (docs/speed.md, "The translation step"): packed rows, the head's loss in chunks,
+  # and the final BLEU on each pair's table column only.
   config.data.pack_pairs, config.data.length_buckets = True, 1
   config.model.loss_chunk_tokens = 1024
   config.decode.sets = "primary"

@@ -86,9 +86,11 @@ def test_unknown_scope_is_refused():
 # verdicts at a third of the cost, measured 28 Nov 2026 over 80 steps. "all": mean gate 0.83 and 0.86 in steps 41-50
 # and 51-60, load balance 0.83 and 10.2% dropped over steps 41-60; "assigned": gate 0.016 in steps 31-40 and 0.000
 # after, balance 0.62, 27% dropped over steps 41-60; on another machine of the same kind, 29 Nov, with the code of
-# 28 Nov and of 29 Nov alike, bit for bit: "all" 0.82 / 0.88, balance 0.748 and 17.2% dropped: float rounding that
-# differs between CPUs moves these 4-row windows, so the load bounds sit between the two scopes' values, not at the
-# first machine's), printing each step's MoE health metrics as a JSON line. It runs
+# 28 Nov and of 29 Nov alike, bit for bit: "all" 0.82 / 0.88, balance 0.748 and 17.2% dropped; on a third, 2 Dec,
+# with the code of 29 Nov and of 2 Dec alike, bit for bit: "all" 0.86 / 0.92, balance 0.679 and 22.2% dropped: float
+# rounding that differs between CPUs moves these 4-row windows, so the load bounds sit between the two scopes'
+# values, not at one machine's; the gate is what tells the scopes apart on every machine), printing each step's MoE
+# health metrics as a JSON line. It runs
 # in a process of its own with XLA's full optimization: the tests' fast-compile flag (conftest.py) would run this
 # model 1.75x slower.
 WARMUP, STEPS = 40, 60
@@ -131,5 +133,5 @@ def test_balance_over_all_tokens_keeps_the_dot_router_alive_after_the_warmup(ptb
   for first in range(WARMUP, STEPS, 10):  # windows of steps first+1 .. first+10
     assert mean(per_step[first:first + 10], "mean_gate") >= 0.3, (first + 1, per_step[first:first + 10])
   after_warmup = per_step[WARMUP:]
-  assert mean(after_warmup, "load_balance") >= 0.70, after_warmup  # "assigned": 0.62
-  assert mean(after_warmup, "dropped_fraction") <= 0.22, after_warmup  # "assigned": 27%
+  assert mean(after_warmup, "load_balance") >= 0.65, after_warmup  # "all": 0.68-0.83 by machine; "assigned": 0.62
+  assert mean(after_warmup, "dropped_fraction") <= 0.25, after_warmup  # "all": 10-22%; "assigned": 27%

@@ -32,6 +32,7 @@ EXPECTED = {
     "lm_large": ("mesh.expert=8 must divide the number of devices (1)", 64, 64),
     "mt_cpu": (1, 8, 64),
     "compare_mt_cpu": (1, 8, 64),
+    "tune_mt_cpu": (1, 8, 64),
     "mt_paper": (1, 8, 64),
     "mt_wmt": (1, 8, 64),
     "mt_files": (NO_PAIRS,) * 3,

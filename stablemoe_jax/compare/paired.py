@@ -115,23 +115,26 @@ def _cell(stats: dict, digits: int = 2) -> str:
   return f"{stats['mean']:+.{digits}f} [{stats['low']:+.{digits}f}, {stats['high']:+.{digits}f}]"
 
 
+# (header, cell of a method's paired entry) after the method, its baseline and the paired seeds.
+_LM_COLUMNS = (("valid PPL difference [95% CI]", lambda e: _cell(e["valid"])),
+               ("test PPL difference [95% CI]", lambda e: _cell(e["test"])),
+               ("test PPL", lambda e: e["test"]["reading"]))
+_TRANSLATION_COLUMNS = (("valid NLL difference [95% CI]", lambda e: _cell(e["valid_nll"], 3)),
+                        ("valid NLL", lambda e: e["valid_nll"]["reading"]),
+                        ("average BLEU difference [95% CI]", lambda e: _cell(e["bleu"])),
+                        ("BLEU", lambda e: e["bleu"]["reading"]))
+
+
 def markdown(paired: dict[str, dict], labels: dict[str, str]) -> str:
   """The paired table: per method, its baseline, seeds, valid and test PPL difference with 95% intervals (for
   translation: validation NLL and average test BLEU)."""
   if not paired:
     return ""
-  if all("bleu" in entry for entry in paired.values()):
-    lines = ["| method | against | paired seeds | valid NLL difference [95% CI] | valid NLL "
-             "| average BLEU difference [95% CI] | BLEU |", "|---|---|---|---|---|---|---|"]
-    for method, entry in paired.items():
-      lines.append(f"| {labels.get(method, method)} | {labels.get(entry['baseline'], entry['baseline'])} | "
-                   f"{', '.join(str(s) for s in entry['seeds']) or '--'} | {_cell(entry['valid_nll'], 3)} | "
-                   f"{entry['valid_nll']['reading']} | {_cell(entry['bleu'])} | {entry['bleu']['reading']} |")
-    return "\n".join(lines) + "\n"
-  lines = ["| method | against | paired seeds | valid PPL difference [95% CI] | test PPL difference [95% CI] "
-           "| test PPL |", "|---|---|---|---|---|---|"]
+  columns = _TRANSLATION_COLUMNS if all("bleu" in entry for entry in paired.values()) else _LM_COLUMNS
+  lines = ["| method | against | paired seeds | " + " | ".join(header for header, _ in columns) + " |",
+           "|---" * (3 + len(columns)) + "|"]
   for method, entry in paired.items():
-    lines.append(f"| {labels.get(method, method)} | {labels.get(entry['baseline'], entry['baseline'])} | "
-                 f"{', '.join(str(s) for s in entry['seeds']) or '--'} | {_cell(entry['valid'])} | "
-                 f"{_cell(entry['test'])} | {entry['test']['reading']} |")
+    cells = [labels.get(method, method), labels.get(entry["baseline"], entry["baseline"]),
+             ", ".join(str(s) for s in entry["seeds"]) or "--", *(cell(entry) for _, cell in columns)]
+    lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"

@@ -92,6 +92,24 @@ def test_pack_rows_lays_out_every_pair_as_alone():
   assert (batch["source"][pad] == 0).all() and (batch["targets"][batch["target_segments"] == 0] == 0).all()
 
 
+def test_pack_rows_reads_prepared_shards_as_in_memory_sets(tmp_path):
+  # The same pairs as an in-memory set and as two array_record shards: the same packed batch (lengths from the
+  # shards' length arrays, records read only for the pairs placed).
+  from stablemoe_jax.data.translation.pair_records import RecordSet, write_pairs
+  encoded = _encoded_set(np.random.default_rng(5), 80)
+  pairs = encoded.pairs(range(len(encoded)))
+  paths = [tmp_path / "a.array_record", tmp_path / "b.array_record"]
+  write_pairs(paths[0], pairs[:50])
+  write_pairs(paths[1], pairs[50:])
+  shards = RecordSet("de-en", "train", paths)
+  indices = np.random.default_rng(6).integers(0, 80, 90)
+  memory, used = batch_lib.pack_rows(batch_lib.Picks.from_pairs([(encoded, int(i)) for i in indices]), 5, 32)
+  read, used_read = batch_lib.pack_rows(batch_lib.Picks.from_pairs([(shards, int(i)) for i in indices]), 5, 32)
+  assert used == used_read < 90
+  for name in memory:
+    np.testing.assert_array_equal(read[name], memory[name], err_msg=name)
+
+
 def test_pack_rows_rejects_a_target_of_max_len():
   encoded = batch_lib.EncodedSet("de-en", "train", np.arange(4, 7, dtype=np.int32), np.array([0, 3]),
                                  np.arange(4, 12, dtype=np.int32), np.array([0, 8]))

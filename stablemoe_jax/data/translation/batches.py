@@ -39,6 +39,16 @@ class EncodedSet:
   def __len__(self) -> int:
     return len(self.source_offsets) - 1
 
+  @property
+  def source_lengths(self) -> np.ndarray:
+    """int64 [n]: each source's ids (as ``pair_records.RecordSet.source_lengths``)."""
+    return np.diff(self.source_offsets)
+
+  @property
+  def target_lengths(self) -> np.ndarray:
+    """int64 [n]: each target's ids, bos and eos not counted."""
+    return np.diff(self.target_offsets)
+
   def source(self, i: int) -> np.ndarray:
     return self.source_ids[self.source_offsets[i]:self.source_offsets[i + 1]]
 
@@ -61,7 +71,7 @@ class EncodedSet:
 
   def fitting(self, max_len: int) -> np.ndarray:
     """int64 indices of the pairs whose source and target (+ bos / eos) fit ``max_len`` positions."""
-    return fitting_pairs(np.diff(self.source_offsets), np.diff(self.target_offsets), max_len)
+    return fitting_pairs(self.source_lengths, self.target_lengths, max_len)
 
 
 def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -204,16 +214,14 @@ def pack_rows(picks: Picks, rows: int, max_len: int) -> tuple[Batch, int]:
   Raises:
     ValueError: a pair does not fit ``max_len`` (as ``make_rows``).
   """
-  sets = picks.sets
+  # The lengths come from the sets' length arrays; only the pairs placed are read (``segments``: records, for
+  # prepared shards), not every candidate drawn.
   source_lengths = np.zeros(len(picks), np.int64)
   target_lengths = np.zeros(len(picks), np.int64)
-  located = {}
-  for number, encoded in enumerate(sets):
+  for number, encoded in enumerate(picks.sets):
     where = np.flatnonzero(picks.set_numbers == number)
-    if len(where):
-      segments = encoded.segments(picks.indices[where])
-      located[number] = (where, segments)
-      source_lengths[where], target_lengths[where] = segments[2], segments[5]
+    source_lengths[where] = encoded.source_lengths[picks.indices[where]]
+    target_lengths[where] = encoded.target_lengths[picks.indices[where]]
   if len(picks) and (source_lengths.max() > max_len or target_lengths.max() >= max_len):
     raise ValueError(f"a pair does not fit {max_len} positions (source {source_lengths.max()}, target + eos "
                      f"{target_lengths.max() + 1}); pass pairs that fit.")
@@ -223,16 +231,18 @@ def pack_rows(picks: Picks, rows: int, max_len: int) -> tuple[Batch, int]:
   if PAD_ID:
     block[:3] = PAD_ID
   source, decoder_inputs, targets = block[0], block[1], block[2]
-  for number, (where, (source_ids, source_starts, lengths_s, target_ids, target_starts, lengths_t)) in located.items():
-    keep = where < used
-    where = where[keep]
+  placed = picks[:used]
+  for number, encoded in enumerate(placed.sets):
+    where = np.flatnonzero(placed.set_numbers == number)
     if not len(where):
       continue
-    copy_segments(source.reshape(-1), row[where] * max_len + source_offset[where], source_ids, source_starts[keep],
-                  lengths_s[keep])
+    source_ids, source_starts, lengths_s, target_ids, target_starts, lengths_t = encoded.segments(
+        placed.indices[where])
+    copy_segments(source.reshape(-1), row[where] * max_len + source_offset[where], source_ids, source_starts,
+                  lengths_s)
     starts = row[where] * max_len + target_offset[where]
-    copy_segments(targets.reshape(-1), starts, target_ids, target_starts[keep], lengths_t[keep])
-    copy_segments(decoder_inputs.reshape(-1), starts + 1, target_ids, target_starts[keep], lengths_t[keep])
+    copy_segments(targets.reshape(-1), starts, target_ids, target_starts, lengths_t)
+    copy_segments(decoder_inputs.reshape(-1), starts + 1, target_ids, target_starts, lengths_t)
   target_lengths = target_lengths[:used]
   decoder_inputs.reshape(-1)[row * max_len + target_offset] = BOS_ID
   targets.reshape(-1)[row * max_len + target_offset + target_lengths] = EOS_ID

@@ -37,6 +37,10 @@ worker() {  # $1: worker index; passes until nothing is left or the deadline pas
   while (( $(date +%s) < deadline )); do
     python -m stablemoe_jax.compare --config "$config" --workdir "$workdir" "$@" \
       --config.compare.methods="$order" 2>&1 | tee "$pass"
+    status=${PIPESTATUS[0]}
+    if (( status != 0 )) && grep -q "^error:" "$pass"; then  # a config or data error: every pass would repeat it
+      echo "worker $i: stopped by the error above (exit $status)"; break
+    fi
     grep -q "training in" "$pass" && continue                 # trained something: look again
     grep -q "skipped\|no choice" "$pass" || break             # every run finished: done
     sleep 10                                                  # waiting on another worker's runs

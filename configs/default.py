@@ -4,7 +4,8 @@ The StableMoE variant of the tuned sweep (docs/tuning.md) with the lowest seed-0
 settings whose MoE layer is alive by the health verdict (it does measurable work: removing it costs >= 1% of
 validation perplexity; docs/router_health.md): balance loss over all tokens and X-MoE's cosine routing, two named
 deviations from the paper, at the learning rate and warmup chosen on validation (6e-3, 400 steps; the dense
-backbone's choice too). Seed 0 chose it; the README reports seeds 1-3.
+backbone's choice too). Seed 0 chose it; the README reports seeds 1-3. What each setting measured: docs/tuning.md
+and docs/results.md.
 
 Run: python -m stablemoe_jax.main --config configs/default.py --workdir runs/default
 Override any value: --config.train.steps=200 --config.model.moe.num_experts=4
@@ -34,7 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
   # jax.nn.dot_product_attention implementation: auto (cudnn on a GPU in bf16/fp16, else xla) | xla | cudnn
   config.model.attention = "auto"
   # Recompute decoder blocks and MoE layers in the backward pass: none | block | block_dots_saveable (saves
-  # weight-matmul outputs). none: block costs 12% of the step on CPU (benchmarks/throughput.py) for no need here.
+  # weight-matmul outputs). none: the CPU sizes need no recomputation (block's cost: docs/speed.md, remat).
   config.model.remat = "none"
   # Dense baselines matched to the MoE model that model.moe describes (the model has no MoE layer): with its total
   # parameters, "deeper" puts more FFN sublayers where the MoE layers were, "wider" the same sublayers, wider;
@@ -66,7 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.moe.eval_dispatcher = "auto"
   config.model.moe.block_size = 128  # grouped dispatcher: rows per block; each expert's rows padded to a multiple
   # Expert FFN biases: "zeros" (each expert adds exactly 0 at first) | "torch" (the authors' code: PyTorch's default
-  # nn.Linear bias U(+-1/sqrt(fan_in)); only the output weight is zeroed). docs/tuning.md has its probe.
+  # nn.Linear bias U(+-1/sqrt(fan_in)); only the output weight is zeroed). Its probe: docs/tuning_log.md.
   config.model.moe.expert_bias_init = "zeros"
   # Shared experts (DeepSeekMoE): this many always-on expert FFNs (each as one routed expert) that every token goes
   # through, added to the routed output, for any router. 0: none.
@@ -77,24 +78,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.moe.stablemoe.balance_alpha = 0.3  # weight of StableMoE's balance loss
   config.model.moe.stablemoe.centroid_gain = 0.1  # orthogonal-init gain of the routing centroids
   # Which gates the balance loss of expert i acts on: "assigned" (the paper's Eq. 3: the tokens routed to i) or
-  # "all" (every token's; a deviation). In the tuned sweep the paper's router ("assigned", dot) is alive at 4 of 11
-  # settings at seed 0, but its best two, 154.57 (6e-3 / 400) and 157.29 (4e-3 / 600), worth +1.1% and +1.2%, died
-  # in reported seeds, so its choice is 2e-3 / 400: valid 166.72 over seeds 1-3, 12 PPL above dense; "all" with
-  # cosine 153.64 (+1.8%) at seed 0, 155.49 over seeds 1-3, alive in every seed.
-  # "assigned" with cosine routing was not run. A preset setting: other routers ignore it without error.
+  # "all" (every token's; a deviation). A preset setting: other routers ignore it without error. What each scope
+  # measured in the tuned sweep: docs/tuning.md, "Findings".
   config.model.moe.stablemoe.balance_scope = "all"
   # Deviations probed in docs/tuning.md (off: the paper's router). Router z-loss weight (mean logsumexp(s)^2; 0: off).
   config.model.moe.stablemoe.z_loss_weight = 0.0
   # "dot": s = h . E_i (the paper) | "cosine": s = cos(P h, E_i) / tau, tau learned (X-MoE, Chi et al. 2022).
-  # cosine, a preset deviation: the best seed-0 StableMoE cell of the sweep that is alive (docs/tuning.md): 153.64
-  # (6e-3 / 400) against dot routing's 155.45 (4e-3 / 400, same balance_scope); over seeds 1-3, 155.49 against 156.00.
+  # cosine, a preset deviation: the best live seed-0 StableMoE cell of the tuned sweep (docs/tuning.md, "Findings").
   config.model.moe.stablemoe.affinity = "cosine"
   config.model.moe.stablemoe.cosine_dim = 16  # affinity=cosine: P projects h to this many dims (X-MoE: 16); 0: no P
   config.model.moe.stablemoe.cosine_temperature = 0.5  # affinity=cosine: tau's initial value (tutel's 0.5)
   # affinity=cosine: X-MoE's published expert embeddings (torchscale: 1.5): orthogonal init, every row rescaled to
   # this norm after each update (models/cosine_routing.py). 0: off (they start at centroid_gain, never rescaled).
-  # Off by the sweep's rule: 1.5's best seed-0 cell, 4e-3 / 400, reached 154.31 against 153.64; over seeds 1-3 the
-  # two are level in PPL, and 1.5's layer does more (worth +6.0% against +2.7%; docs/results.md, X-MoE).
+  # Off by the sweep's rule (docs/results.md, "X-MoE's routing as published").
   config.model.moe.stablemoe.cosine_expert_norm = 0.0
   config.model.moe.switch = ml_collections.ConfigDict()
   config.model.moe.switch.balance_weight = 0.01  # weight of N * sum_i f_i P_i (the Switch paper's 0.01)
@@ -136,16 +132,14 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.train = ml_collections.ConfigDict()
   config.train.steps = 850
-  # 35% of training (the paper: 10% of 60K steps), the length the headline's seeds trained at. Seed 0 on 2 CPU cores:
-  # 85 / 212 / 300 / 425 steps reach 154.57 / 153.98 / 154.28 / 154.50 (425's layer dead). 300 was chosen on its H100
-  # cell (153.64); 212's 0.30 lead on the CPU is below the seed spread (docs/results.md, Table 6). Stage 1
-  # ends at step 300, 100 steps before the warmup does, having read 614K tokens (2/3 of a PTB epoch, 99.7% of ids).
+  # 35% of training (the paper: 10% of 60K steps), the length the headline's seeds trained at; it ends 100 steps
+  # before the warmup does, after 614K tokens. The other lengths measured: docs/results.md, Table 6.
   config.train.stage1_steps = 300
   config.train.batch_size = 16
   config.train.microbatches = 1  # >1: accumulate gradients over batch_size / microbatches rows at a time
   config.train.seq_len = 128
   # Chosen on seed-0 validation over lr {1e-3 .. 8e-3} x warmup {40, 400, 600} for this model (configs/tune_cpu.py,
-  # results/tune_h100), among the settings whose layer is alive by the health verdict.
+  # results/tune_h100), among the settings whose layer is alive by the health verdict (docs/tuning.md).
   config.train.learning_rate = 6e-3
   config.train.warmup_steps = 400
   config.train.adam_b1 = 0.9

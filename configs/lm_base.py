@@ -42,9 +42,8 @@ def get_config():
   # --config.train.microbatches=16 or --config.model.remat=block there; an H200 (141 GB) fits the default.
   config.model.moe.num_experts = 32
   config.model.moe.sublayers_per_expert = 3
-  # balance_scope "all" (from the CPU default) with the paper's dot-product routing: at these dimensions (PTB, 16 x
-  # 1,024 tokens a step, lr 6e-4, 300-step warmup, one H100) "all" kept the gate at 0.51-0.83 through 1,000 steps,
-  # while "assigned" collapsed by step 75 (docs/tuning.md). The CPU default's cosine routing was not measured here.
+  # balance_scope "all" (from the CPU default) with the paper's dot-product routing, the pair measured at these
+  # dimensions (docs/tuning_log.md, "Notes moved from the configs"); the default's cosine routing was not.
   config.model.moe.stablemoe.affinity, config.model.moe.stablemoe.cosine_dim = "dot", 0
   config.model.moe.eval_capacity_factor = 2.0
   # One routing group per 1024-token sequence of a microbatch: a multiple of any device count up to 64.

@@ -20,11 +20,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.bible_test_books = "Esth,Jas,1John"
   config.data.sentencepiece_vocab_size = 8000  # one joint model over the training sources and targets
   config.data.sampling_temperature = 1.0  # pair weight ~ n_pair^(1/T); 1: proportional to its training pairs
-  # Each batch is of one length bucket L in (16, 32, 64), [64 * 64 / L, L] (the same positions a step): a
-  # Multi30k pair fills 30% of 64 positions, 62% of its bucket. 1: every batch [64, 64].
+  # Each batch is of one length bucket L in (16, 32, 64), [64 * 64 / L, L] (the same positions a step), so a short
+  # pair fills more of its row (docs/translation.md). 1: every batch [64, 64].
   config.data.length_buckets = 3
-  # True: pairs drawn in turn are packed into the batch's [64, 64] rows until one fits no row (about 165 pairs a
-  # batch, 83% of target positions real); each attends only within its own pair. Needs length_buckets = 1.
+  # True: pairs drawn in turn are packed into the batch's [64, 64] rows until one fits no row; each attends only
+  # within its own pair (pairs a batch and real positions: docs/translation.md). Needs length_buckets = 1.
   config.data.pack_pairs = False
 
   model = config.model
@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.moe.stablemoe.affinity, model.moe.stablemoe.cosine_dim = "dot", 0
 
   train = config.train
-  train.steps = 1200  # about an hour: 3.1 s a step on 2 quiet cores (measured at 64 x 64; buckets keep the positions)
+  train.steps = 1200  # about an hour on 2 quiet cores (the step time: docs/gpu.md, GPU-hours per preset)
   train.stage1_steps = 200
   train.batch_size = 64
   train.seq_len = 64  # source and target positions (tag and eos / bos included); longer pairs are counted, not used

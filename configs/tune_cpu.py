@@ -24,8 +24,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.compare.seeds = 3
   config.compare.grid.learning_rate = "4e-3,2e-3,1e-3"  # the likeliest winners first
   config.compare.grid.warmup_steps = "400,40"
-  # Every method's first choice sat at the grid's corner (4e-3, warmup 400; docs/tuning.md): past it, not the
-  # whole cross product (low rates with a long warmup only lose).
+  # Settings past the cross product's corner (lr 4e-3, warmup 400), not its every cell; why: docs/tuning_log.md,
+  # "Notes moved from the configs".
   config.compare.grid.extra = "6e-3/400,8e-3/400,4e-3/600,6e-3/600,8e-3/600"
   # Equal effort (issue 38): X-MoE's routing, designed for a softmax router, on Switch at Switch's three best
   # settings; the dot-product StableMoE explored around its live settings as finely as dense around its own.

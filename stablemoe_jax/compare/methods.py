@@ -30,7 +30,7 @@ _DOT = {"model.moe.stablemoe.affinity": "dot", "model.moe.stablemoe.cosine_dim":
 
 def _cosine(router: str, expert_norm: float) -> dict:
   """X-MoE's cosine routing for ``router``: a 16-dim projection (X-MoE's), tau learned from 0.5, and the expert
-  embeddings at the registry's init (``expert_norm`` 0: today's cosine routing, docs/tuning.md p03) or X-MoE's as
+  embeddings at the registry's init (``expert_norm`` 0: today's cosine routing, docs/tuning_log.md p03) or X-MoE's as
   published (1.5: orthogonal init, every row rescaled to norm 1.5 after each update; models/cosine_routing.py)."""
   section = f"model.moe.{router}"
   return {"model.moe.router": router, f"{section}.affinity": "cosine", f"{section}.cosine_dim": 16,
@@ -47,7 +47,7 @@ METHODS = {m.name: m for m in [
            {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "assigned", **_DOT}),
     Method("stablemoe_all", "StableMoE, balance loss over all tokens (all)",
            {"model.moe.router": "stablemoe", "model.moe.stablemoe.balance_scope": "all", **_DOT}),
-    # all + X-MoE's cosine routing on a 16-dim projection with a learned temperature (docs/tuning.md, probe p03).
+    # all + X-MoE's cosine routing on a 16-dim projection with a learned temperature (docs/tuning_log.md, probe p03).
     Method("stablemoe_cosine", "StableMoE, all, cosine routing (X-MoE)",
            {**_cosine("stablemoe", 0.0), "model.moe.stablemoe.balance_scope": "all"}),
     # ... with X-MoE's expert embeddings as published (issue 39): orthogonal, held at norm 1.5.

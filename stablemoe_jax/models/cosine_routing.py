@@ -11,26 +11,8 @@ A learned router's section ``model.moe.<router>`` holds the keys of :data:`COSIN
   ``use_xmoe``, where ``r = 1.5``): the centroids start orthogonal (``XMOE_INIT_GAIN``) and every row is rescaled
   to norm ``r`` before every forward pass, without gradient.
 
-How the rescale is done here, and why (see :func:`expert_norm_hook`). torchscale rescales in place,
-``with torch.no_grad(): wg.mul_(1.5 / wg.norm(dim=1, keepdim=True))`` at the top of ``forward``: the *stored*
-parameter is renormalised, the gradient is taken at the renormalised value, and Adam's update is added to it;
-the next forward renormalises ``w + update`` again. Since the scores normalise E anyway (``F.normalize`` there,
-:func:`cosine_scores` here), the rescale never changes a forward pass's output: what it changes is the norm Adam's
-steps are taken against. Adam's step is about ``lr`` per coordinate whatever the gradient's scale, so a row of
-norm r turns by about ``lr * sqrt(dim) / r`` radians a step: at the default init's norm 0.1 that is 15 times the
-turn at 1.5. A ``stop_gradient`` rescale inside the forward would reproduce none of this: the forward is unchanged
-(E is normalised anyway), the gradient is unchanged (``d normalize(c w) / dw = d normalize(w) / dw`` for a constant
-c > 0), and the stored norm would drift under Adam. The faithful functional version is a projection of the stored
-parameter: the train step applies :func:`expert_norm_hook`'s function to the parameters after every optimizer
-update (and the init returns rows already at norm r, which is what torchscale's first forward sees). The sequence
-of forward passes, gradients and Adam moments is then torchscale's; only what sits in a checkpoint between two
-steps differs (the projected rows here, ``w + update`` there).
-
-What torchscale's ``Top1Gate`` does differently and is *not* reproduced by these keys: it normalises only E, not
-``P h`` (its ``F.normalize(mat1)`` line is commented out), and it has no temperature (``_get_gating_temperature``
-reads a ``gating_t`` that is never created), so its logits are ``(P h) . E_i / |E_i|``. Here ``P h`` is normalised
-too and divided by the learned tau, as in the X-MoE paper's equation and tutel's ``CosineTopKGate``. Its P is
-``nn.Linear``'s init, U(+-1/sqrt(d)); here Flax's ``Dense`` (lecun normal), which the normalised scores ignore.
+How the rescale reproduces torchscale's in-place one, and what torchscale's ``Top1Gate`` does that these keys do
+not: docs/method.md, "X-MoE's cosine routing against torchscale".
 """
 from __future__ import annotations
 

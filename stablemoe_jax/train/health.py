@@ -3,8 +3,8 @@
 A MoE layer is **dead** when it does no measurable work (docs/router_health.md):
 
 * **contribution**: removing it (every expert's output set to 0, ``analysis.contribution``) raises validation
-  perplexity by less than ``health.min_contribution`` (1%: 1.5 PPL at 155, above every tuned method's seed spread of
-  0.3-0.9 PPL); or
+  perplexity by less than ``health.min_contribution`` (1%; why that floor: docs/router_health.md, "The verdict");
+  or
 * **degenerate routing**: the two busiest of its N > 2 experts take more than ``health.max_top2_load`` of the tokens.
 
 Both are measured the same way for every router. In training, the contribution is measured at every evaluation
@@ -20,7 +20,7 @@ Early warnings, which never make a layer dead: a mean gate pinned near the floor
 [sigmoid(-1/tau), sigmoid(1/tau)] for a cosine one with temperature tau, [1/N, 1] for Switch's top softmax
 probability, [1/k, 1] for its first of k renormalised ones; Hash's gate is fixed; each router's registry entry,
 ``models/routers.py``, says which its gate is), and a low load balance (``health.min_load_balance``). A sparse gate is not a
-dead layer: BASE Layer and the dot-product StableMoE keep most gates near 0 and still carry 3-7% of the perplexity.
+dead layer: BASE Layer and the dot-product StableMoE keep most gates near 0 and still do work (docs/tuning.md).
 
 Resumption: the guard's state is a function of the logged records (windows and evaluation points), so a resumed run
 rebuilds it by :meth:`CollapseGuard.replay` of ``metrics.jsonl`` up to the checkpoint.

@@ -69,6 +69,99 @@ def test_summary_says_whether_stage2_routing_fluctuates():
   assert summary["stage2_records_identical"] is None
 
 
+
+# Hand-made top-2 choices: the same 5 record steps x 3 tokens x 2 choices (first choice first).
+CHOICES = np.array([
+    [[1, 2], [0, 3], [2, 0]],
+    [[2, 1], [0, 3], [3, 1]],
+    [[1, 2], [0, 1], [2, 0]],
+    [[1, 2], [0, 3], [2, 0]],
+    [[2, 1], [0, 3], [2, 0]],
+])
+# token 0: the set {1, 2} throughout, its first choice swapping (last differing from the final 2 at step 30);
+# token 1: first choice 0 throughout, its set {0, 1} once at step 20; token 2: both change at step 10 only.
+
+
+def _topk_records(choices, stage1_steps=20):
+  choices = np.asarray(choices)[:, None]  # [K, 1 layer, T, k]
+  meta = {"layers": ["moe_0"], "stage1_steps": stage1_steps, "steps": int(STEPS[-1])}
+  return records.Records(STEPS, choices[..., 0], choices[..., 0].copy(), np.arange(choices.shape[2]), meta,
+                         train_choices=choices, inference_choices=choices.copy())
+
+
+def test_kset_fluctuation_of_hand_made_top2_choices():
+  sets = fluctuation.kset_assignments(CHOICES)
+  assert (sets[:, 0] == sets[0, 0]).all()  # {1, 2} in either order is one set
+  assert sets[2, 1] != sets[0, 1] and (sets[[0, 1, 3, 4], 1] == sets[0, 1]).all()
+  np.testing.assert_array_equal(fluctuation.last_fluctuation_steps(STEPS, CHOICES[..., 0]), [30, -1, 10])
+  np.testing.assert_array_equal(fluctuation.last_fluctuation_steps(STEPS, sets), [-1, 20, 10])
+  summary = fluctuation.summarize(_topk_records(CHOICES), "train")
+  assert summary["top_k"] == 2
+  top1, kset = summary["all_layers"], summary["k_set"]["all_layers"]
+  # Final step 40: after 20% = after step 8, 50% = 20 (strictly after), 80% = 32.
+  assert (top1["after_20"], top1["after_50"], top1["after_80"]) == (2 / 3, 1 / 3, 0.0)
+  assert (kset["after_20"], kset["after_50"], kset["after_80"]) == (2 / 3, 0.0, 0.0)
+  assert top1["never_fluctuating"] == pytest.approx(1 / 3) and kset["never_fluctuating"] == pytest.approx(1 / 3)
+  assert top1["fluctuating_in_stage2"] == pytest.approx(1 / 3) and kset["fluctuating_in_stage2"] == pytest.approx(1 / 3)
+  assert summary["k_set"]["layers"]["moe_0"] == kset
+  exported = fluctuation.shares_and_curve(_topk_records(CHOICES))
+  assert exported["top_k"] == 2 and exported["after_50"] == 1 / 3 and exported["k_set"]["after_50"] == 0.0
+  np.testing.assert_allclose(exported["k_set"]["curve"]["share"], [1 / 3, 2 / 3, 3 / 3, 3 / 3, 3 / 3])
+  np.testing.assert_allclose(exported["curve"]["share"], [1 / 3, 2 / 3, 2 / 3, 3 / 3, 3 / 3])
+
+
+def test_top1_records_give_equal_kset_numbers_and_old_files_still_read(tmp_path):
+  """A top-1 run's record file is what it was before top-k (only ``train`` and ``inference``, [L, T]); an old file
+  reads as k = 1; its k-set numbers equal its first choice's, today's numbers, exactly."""
+  directory = tmp_path / "routing"
+  layered = np.stack([ASSIGNMENTS, (ASSIGNMENTS + 1) % 4], axis=1)  # [K, 2 layers, T]
+  records.write_meta(directory, {"layers": ["moe_0", "moe_1"], "num_experts": 4, "steps": 40, "stage1_steps": 20},
+                     np.zeros((2, 4), np.int32), np.ones((2, 4), bool))
+  for step, routed in zip(STEPS, layered):
+    records.write_record(directory, int(step), routed[..., None], routed[..., None], num_experts=4)
+    old = tmp_path / "old.npz"
+    np.savez(old, train=routed.astype(np.int8), inference=routed.astype(np.int8))  # what the code of d1da3c4 wrote
+    assert (directory / f"step_{step:08d}.npz").read_bytes() == old.read_bytes()
+  loaded = records.load_records(tmp_path)
+  assert loaded.top_k == 1 and loaded.train_choices.shape == (5, 2, 4, 1)
+  np.testing.assert_array_equal(loaded.choices("inference")[..., 0], layered)
+  summary = fluctuation.summarize(loaded)
+  assert summary["all_layers"]["after_20"] == 0.5 and summary["top_k"] == 1
+  assert summary["k_set"] == {"all_layers": summary["all_layers"], "layers": summary["layers"]}
+  exported = fluctuation.shares_and_curve(loaded)
+  assert exported["k_set"] == {key: exported[key] for key in ("after_20", "after_50", "after_80", "curve")}
+
+
+def test_topk_records_round_trip(tmp_path):
+  directory = tmp_path / "routing"
+  records.write_meta(directory, {"layers": ["moe_0"], "num_experts": 4, "steps": 40, "stage1_steps": 20},
+                     np.zeros((1, 3), np.int32), np.ones((1, 3), bool))
+  for step, routed in zip(STEPS, CHOICES):
+    records.write_record(directory, int(step), routed[None], routed[None, :, ::-1], num_experts=4)
+  saved = dict(np.load(directory / "step_00000010.npz"))
+  assert sorted(saved) == ["inference", "inference_choices", "train", "train_choices"]
+  np.testing.assert_array_equal(saved["train"], CHOICES[1][None, :, 0])  # the first choice, as top-1 readers expect
+  loaded = records.load_records(tmp_path)
+  assert loaded.top_k == 2
+  np.testing.assert_array_equal(loaded.choices("train")[:, 0], CHOICES)
+  np.testing.assert_array_equal(loaded.assignments("inference")[:, 0], CHOICES[..., 1])
+  summary = fluctuation.summarize(loaded)
+  assert summary["k_set"]["all_layers"]["after_50"] == 0.0 and summary["all_layers"]["after_50"] == 1 / 3
+  # The inference records hold the reversed choices: the same sets, the second choices first.
+  assert fluctuation.summarize(loaded, "inference")["k_set"] == summary["k_set"]
+
+
+def test_cohesion_counts_every_choice_and_gates_by_the_first():
+  counts = cohesion.RoutingCounts(num_experts=3, vocab_size=10)
+  counts.add(token_ids=[5, 3, 7], expert_index=[[0, 1], [1, 2], [0, 2]], gate=[[0.6, 0.4], [0.005, 0.995], [0.7, 0.3]],
+             mask=[1, 1, 0])
+  stats = counts.load_stats()
+  assert stats["tokens"] == 2 and stats["load"] == pytest.approx([1 / 4, 2 / 4, 1 / 4])
+  assert stats["mean_gate"] == pytest.approx((0.6 + 0.005) / 2) and stats["low_gate_fraction"] == 0.5
+  assert stats["mean_gate_per_expert"] == pytest.approx([0.6, (0.4 + 0.005) / 2, 0.995])
+  table = counts.top_tokens(2, id_to_token=str)
+  assert [[t["id"] for t in row["top"]] for row in table] == [[5], [3, 5], [3]]
+
 def test_cohesion_counts_of_a_hand_routed_example():
   counts = cohesion.RoutingCounts(num_experts=3, vocab_size=10)
   counts.add(token_ids=[5, 5, 3, 7, 3, 5, 9], expert_index=[0, 0, 1, 0, 1, 1, 2],

@@ -86,3 +86,60 @@ def test_parameter_split_counts_experts_apart():
   router = e * d + 1000 * 16 + e * 16  # centroids (dot routing), distilled embedding and centroids
   assert counts["shared"] == flops.param_counts(dense)["total"] + router
   assert counts["total"] == sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+
+
+def _routed_config(router: str, top_k: int, shared: int, eval_capacity_factor: float):
+  config = _model_config(True)
+  config.moe.router, config.moe.shared_experts = router, shared
+  config.moe[router].top_k = top_k
+  config.moe.eval_capacity_factor = eval_capacity_factor
+  return config
+
+
+@pytest.mark.parametrize("router, top_k, shared", [("switch", 2, 0), ("stablemoe", 1, 1), ("deepseek", 2, 1)])
+def test_topk_and_shared_expert_flops_match_hand_count_and_xla(router, top_k, shared):
+  """Each of a token's k choices runs one expert FFN and each shared expert runs for every token: the active count
+  is k + n experts' sublayers a token. At eval capacity factor k (capacity counts choices: C = ceil(k T / N)) the
+  index dispatcher's buffers compute exactly k rows a token, so XLA sees that active count plus the shared
+  experts; at capacity factor 1 the same buffers as top-1 (half the choices dropped), as the padded count says."""
+  d, f, experts, sublayers, expert_f = 64, 256, 4, 2, 128
+  one_expert = sublayers * 4 * d * expert_f
+  distill = 2 * experts * 16 if router == "stablemoe" else 0  # the distilled router's centroids [N, d']
+  base = _hand_count(d, f, 2, 1000, SEQ) + 2 * experts * d + distill
+  config = _routed_config(router, top_k, shared, eval_capacity_factor=float(top_k))
+  model = TransformerLM(config)
+  params = jit_init(model, 0, jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
+  active = flops.forward_flops_per_token(params, SEQ, top_k=top_k)
+  assert active == base + (top_k + shared) * one_expert
+  assert flops.forward_flops_per_token(params, SEQ, capacity_factor=float(top_k)) == active
+  assert flops.forward_flops_per_token(params, SEQ) == active - (top_k - 1) * one_expert  # the default k is 1
+  xla = _xla_flops_per_token(model, params)
+  assert active <= xla <= 1.05 * active, (active, xla)
+  if top_k > 1:  # capacity factor 1: the slots of a top-1 layer, so one expert row a token is computed
+    config = _routed_config(router, top_k, shared, eval_capacity_factor=1.0)
+    model = TransformerLM(config)
+    padded = flops.forward_flops_per_token(params, SEQ, capacity_factor=1.0)
+    assert padded == base + (1 + shared) * one_expert
+    xla = _xla_flops_per_token(model, params)
+    assert padded <= xla <= 1.05 * padded, (padded, xla)
+  # Shared experts are parameters every token uses: counted as shared, not expert.
+  counts = flops.param_counts(params)
+  per_expert = sublayers * (2 * d + d * expert_f + expert_f + expert_f * d + d)
+  assert counts["expert"] == experts * per_expert
+  shared_leaves = sum(math.prod(x.shape) for x in jax.tree.leaves(params["moe_0"].get("shared_experts", {})))
+  assert shared_leaves == shared * per_expert
+
+
+@pytest.mark.parametrize("top_k, shared", [(2, 0), (1, 1), (2, 1)])
+def test_flops_matched_dense_model_computes_what_a_topk_token_does(top_k, shared):
+  """dense_match="flops": one FFN of the experts' sublayers, (k + n) times as wide: the MoE model's active FLOPs a
+  token less its router."""
+  moe = _routed_config("switch", top_k, shared, eval_capacity_factor=float(top_k))
+  dense = _routed_config("switch", top_k, shared, eval_capacity_factor=float(top_k))
+  dense.dense_match = "flops"
+  shapes = lambda cfg: jax.eval_shape(lambda: TransformerLM(cfg).init(
+      jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"])
+  assert dense_match_plan(dense) == (2, (top_k + shared) * 128)
+  router = 2 * 4 * 64  # switch's centroids [N, d]
+  assert (flops.forward_flops_per_token(shapes(dense), SEQ)
+          == flops.forward_flops_per_token(shapes(moe), SEQ, top_k=top_k) - router)

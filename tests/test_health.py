@@ -186,6 +186,55 @@ def test_a_zeroed_expert_layer_is_dead_by_its_contribution():
     assert bool(guard.observe_contribution(20, {"moe_0": worth})) == dead, worth
 
 
+
+def test_with_shared_experts_the_verdict_judges_the_routed_experts_and_reports_the_whole_layer():
+  """model.moe.shared_experts=1: the layer's worth is its routed experts' (the shared expert kept), so a layer whose
+  routed experts output zeros is worth exactly 0 and dead, while the whole layer (shared expert removed too) is
+  worth a lot; the whole layer removed is the dense model with the same parameters."""
+  config = _tiny_model_config("stablemoe", shared_experts=1)
+  model = TransformerLM(config)
+  tokens = np.random.default_rng(1).integers(0, 50, (4, 16)).astype(np.int32)
+  params = jax.device_get(nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), tokens, jnp.array(True))["params"]))
+  params = _noise(params, 0.2, base=params)
+  assert set(params["moe_0"]) >= {"experts", "shared_experts", "router"}
+  apply = jax.jit(lambda p: model.apply({"params": p}, tokens, jnp.array(False)))
+  targets = jnp.argmax(apply(params), axis=-1)
+  loss = jax.jit(lambda p: jnp.mean(token_nll(apply(p), targets)))
+
+  def evaluate(p, max_batches):
+    value = float(loss(p))
+    return {"loss": value, "perplexity": math.exp(value), "tokens": tokens.size}
+
+  routed_zero = contribution.without_layer(params, "moe_0")  # the routed experts output 0, the shared one works
+  np.testing.assert_array_equal(routed_zero["moe_0"]["shared_experts"]["w_out"],
+                                params["moe_0"]["shared_experts"]["w_out"])
+  result = contribution.layer_contributions(evaluate, routed_zero, whole_layer=True)
+  layer = result["layers"]["moe_0"]
+  assert layer["loss_without_layer"] == result["loss"] and layer["relative_perplexity_increase"] == 0.0
+  assert layer["whole_layer_relative_perplexity_increase"] > 0.05
+  assert layer["perplexity_without_whole_layer"] == pytest.approx(math.exp(layer["loss_without_whole_layer"]))
+  judged = health.verdict({"layers": {}, "contribution": result})
+  assert judged["dead_layers"] == ["moe_0"] and "routed experts" in judged["verdict"]["moe_0"]["reasons"][0]
+  assert judged["verdict"]["moe_0"]["whole_layer_contribution"] == layer["whole_layer_relative_perplexity_increase"]
+  # The whole layer removed: the dense model of the same parameters.
+  dense_config = ml_collections.ConfigDict(config.to_dict())
+  dense_config.moe.enabled = False
+  dense = jax.jit(TransformerLM(dense_config).apply)({"params": {k: v for k, v in params.items() if k != "moe_0"}},
+                                                     tokens, jnp.array(False))
+  np.testing.assert_allclose(apply(contribution.without_layer(params, "moe_0", shared=True)), dense,
+                             rtol=1e-6, atol=1e-6)
+  # Training's evaluation points measure only the routed worth; a layer without shared experts has no whole-layer key.
+  assert "whole_layer_relative_perplexity_increase" not in contribution.layer_contributions(
+      evaluate, params)["layers"]["moe_0"]
+  _, plain_model, plain, plain_tokens = _lm_and_batch()
+  plain_loss = jax.jit(lambda p: jnp.mean(token_nll(plain_model.apply({"params": p}, plain_tokens, jnp.array(False)),
+                                                    jnp.roll(plain_tokens, -1, axis=1))))
+  plain_result = contribution.layer_contributions(
+      lambda p, n: {"loss": float(plain_loss(p)), "perplexity": math.exp(float(plain_loss(p))), "tokens": 64},
+      plain, whole_layer=True)
+  assert set(plain_result["layers"]["moe_0"]) == {"loss_without_layer", "perplexity_without_layer",
+                                                   "relative_perplexity_increase"}
+
 # --- the config -----------------------------------------------------------------------------------------------------
 
 def test_default_health_section_is_the_guard_defaults_and_every_preset_loads():

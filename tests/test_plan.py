@@ -53,6 +53,22 @@ def test_all_to_all_bytes_hand_count(ptb_dir):
   assert plan.all_to_all_bytes_per_device(config, 4) == 0
 
 
+
+def test_topk_and_shared_experts_in_the_activation_and_all_to_all_estimates(ptb_dir):
+  config = _config(ptb_dir, expert=2)
+  config.model.moe.router = "switch"
+  base = plan.activation_bytes_per_device(config, 4, 1)
+  sends = plan.all_to_all_bytes_per_device(config, 4)
+  model = config.model
+  d, f, sublayers = model.d_model, model.moe.d_ff or model.d_ff, model.moe.sublayers_per_expert  # one MoE layer
+  tokens = 8 * 16 / 4  # a device's tokens of the 8 x 16 batch
+  config.model.moe.switch.top_k = 2  # one more row a token each way, [T, d] float32; the same capacity slots
+  assert plan.activation_bytes_per_device(config, 4, 1) - base == tokens * 2 * d * 4
+  assert plan.all_to_all_bytes_per_device(config, 4) == sends
+  config.model.moe.switch.top_k, config.model.moe.shared_experts = 1, 1  # every token through one more expert
+  assert plan.activation_bytes_per_device(config, 4, 1) - base == tokens * sublayers * (4 * d + 2 * f) * 4
+  assert plan.all_to_all_bytes_per_device(config, 4) == sends  # replicated: nothing travels
+
 def test_plan_fits_and_picks_microbatches(ptb_dir):
   config = _config(ptb_dir)
   result = plan.plan(config, 2, memory_gib=80.0, compile_step=False)

@@ -11,6 +11,9 @@ from stablemoe_jax.models.routing import LOW_GATE
 class RoutingCounts:
   """Accumulates, for one MoE layer, how often each token id goes to each expert, and the gates.
 
+  Top-k routing: each of a token's k choices counts once for its expert (the load counts choices, as the training
+  log's does), and the gate metrics read the first choice's gate (``models.routing.routing_health``'s rule).
+
   Args:
     num_experts: N.
     vocab_size: V.
@@ -19,19 +22,27 @@ class RoutingCounts:
   def __init__(self, num_experts: int, vocab_size: int):
     self.num_experts, self.vocab_size = num_experts, vocab_size
     self.counts = np.zeros((num_experts, vocab_size), np.int64)  # [N, V]
-    self.gate_sum = np.zeros(num_experts, np.float64)  # [N]
-    self.low_gate_count = 0  # tokens whose gate < LOW_GATE
+    self.gate_sum = np.zeros(num_experts, np.float64)  # [N], every choice's gate on its expert
+    self.first_gate_sum = np.zeros(num_experts, np.float64)  # [N], the first choices' gates
+    self.low_gate_count = 0  # tokens whose (first choice's) gate < LOW_GATE
+    self.tokens = 0  # real tokens counted
 
   def add(self, token_ids: np.ndarray, expert_index: np.ndarray, gate: np.ndarray | None = None,
           mask: np.ndarray | None = None) -> None:
-    """token_ids, expert_index int [T], gate float [T], mask bool [T] (False: padding, not counted)."""
-    token_ids, expert_index = np.ravel(token_ids), np.ravel(expert_index)
+    """token_ids int [T], expert_index int [T] or [T, k], gate float as expert_index, mask bool [T] (False:
+    padding, not counted); any shapes holding those T (and k) in that order."""
+    token_ids = np.ravel(token_ids)
+    expert_index = np.reshape(expert_index, (token_ids.size, -1))  # [T, k]
     mask = np.ones(token_ids.shape, bool) if mask is None else np.ravel(mask).astype(bool)
-    flat = expert_index[mask].astype(np.int64) * self.vocab_size + token_ids[mask]
+    choices = expert_index[mask].astype(np.int64)  # [T', k]
+    flat = (choices * self.vocab_size + token_ids[mask][:, None]).ravel()
     self.counts += np.bincount(flat, minlength=self.num_experts * self.vocab_size).reshape(self.counts.shape)
+    self.tokens += int(mask.sum())
     if gate is not None:
-      self.gate_sum += np.bincount(expert_index[mask], weights=np.ravel(gate)[mask], minlength=self.num_experts)
-      self.low_gate_count += int(np.sum(np.ravel(gate)[mask] < LOW_GATE))
+      gate = np.reshape(gate, expert_index.shape)[mask]  # [T', k]
+      self.gate_sum += np.bincount(choices.ravel(), weights=gate.ravel(), minlength=self.num_experts)
+      self.first_gate_sum += np.bincount(choices[:, 0], weights=gate[:, 0], minlength=self.num_experts)
+      self.low_gate_count += int(np.sum(gate[:, 0] < LOW_GATE))
 
   def top_tokens(self, k: int, id_to_token: Callable[[int], str]) -> list[dict]:
     """Per expert: its token count, its share of all tokens and its k most frequent tokens
@@ -53,21 +64,25 @@ class RoutingCounts:
 
   def load_stats(self) -> dict:
     """Per-expert load, its entropy in nats (log N when balanced), the mean gate overall and per expert, and
-    the router-health metrics of the training log (``models.routing.routing_health``) over the counted tokens."""
+    the router-health metrics of the training log (``models.routing.routing_health``) over the counted tokens.
+
+    Top-k: the load is each expert's share of the choices and ``mean_gate_per_expert`` the mean gate of its
+    choices; ``tokens``, ``mean_gate`` and ``low_gate_fraction`` count tokens, by their first choice's gate."""
     per_expert = self.counts.sum(axis=1)
     total = max(int(per_expert.sum()), 1)
+    tokens = max(self.tokens, 1)
     load = per_expert / total
     used = load[load > 0]
     entropy = float(-np.sum(used * np.log(used)))  # nats; 0 when no token was counted
     return {
-        "tokens": int(per_expert.sum()),
+        "tokens": self.tokens,
         "load": load.tolist(),
         "load_entropy": entropy,
         "max_entropy": float(np.log(self.num_experts)),
         "load_balance": entropy / float(np.log(self.num_experts)) if self.num_experts > 1 else 1.0,
         "max_load": float(load.max()),
-        "low_gate_fraction": self.low_gate_count / total,
-        "mean_gate": float(self.gate_sum.sum() / total),
+        "low_gate_fraction": self.low_gate_count / tokens,
+        "mean_gate": float(self.first_gate_sum.sum() / tokens),
         "mean_gate_per_expert": (self.gate_sum / np.maximum(per_expert, 1)).tolist(),
     }
 

@@ -5,6 +5,14 @@ An expert is a stack of pre-LN residual FFN sublayers ``y <- y + FFN_i(y)`` and 
 zero, each FFN_i outputs exactly 0 (dropout included: it only scales or zeroes that 0), so the stack
 is the identity, the expert output is exactly 0 and the layer passes every token unchanged: the
 model with the layer removed, with no other parameter changed.
+
+With shared experts (``model.moe.shared_experts``, ``shared_experts`` beside ``experts``) "removing the layer" is
+removing its routed experts: their output set to zero, the shared ones kept. That is the layer's worth the verdict
+judges (``relative_perplexity_increase``): what routing adds beside the always-on FFNs, so whether routing pays;
+a layer whose routed experts do nothing is dead even when its shared experts work. The final measure
+(:func:`experiment_contributions`, ``whole_layer=True``) adds the whole layer's worth, shared experts removed too
+(``whole_layer_relative_perplexity_increase``), one more evaluation for each layer that has shared experts.
+Without shared experts the two are the same and only the first is given.
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ from stablemoe_jax.analysis.routes import sorted_layers
 from stablemoe_jax.core.constants import HEALTH_DEFAULTS
 
 ZEROED = ("w_out", "b_out")  # the expert parameters that make every residual sublayer the identity
+SHARED_EXPERTS = "shared_experts"  # a MoE layer's always-on experts (models/moe.py), apart from the routed "experts"
 
 
 def moe_layer_names(params: dict) -> list[str]:
@@ -32,18 +41,29 @@ def _zeros_like(leaf):
   return np.zeros_like(leaf)
 
 
-def without_layer(params: dict, layer: str) -> dict:
-  """A copy of ``params`` (sharing every other leaf) in which MoE layer ``layer`` outputs exactly its input."""
+def has_shared_experts(params: dict, layer: str) -> bool:
+  return SHARED_EXPERTS in params[layer]
+
+
+def without_layer(params: dict, layer: str, shared: bool = False) -> dict:
+  """A copy of ``params`` (sharing every other leaf) in which MoE layer ``layer``'s routed experts output exactly 0:
+  without shared experts the layer then outputs exactly its input. ``shared``: the shared experts' output too, so
+  that a layer with them outputs its input as well."""
   if layer not in moe_layer_names(params):
     raise KeyError(f"{layer!r} is not a MoE layer of these params; they have {moe_layer_names(params)}.")
-  experts = dict(params[layer]["experts"])
-  for name in ZEROED:
-    experts[name] = _zeros_like(experts[name])
-  return {**params, layer: {**params[layer], "experts": experts}}
+  zeroed = ("experts", SHARED_EXPERTS) if shared and has_shared_experts(params, layer) else ("experts",)
+  ablated = dict(params[layer])
+  for module in zeroed:
+    experts = dict(ablated[module])
+    for name in ZEROED:
+      experts[name] = _zeros_like(experts[name])
+    ablated[module] = experts
+  return {**params, layer: ablated}
 
 
-def layer_contributions(evaluate, params: dict, max_batches: int = 0, full: dict | None = None) -> dict:
-  """The loss on the evaluated split with and without each MoE layer.
+def layer_contributions(evaluate, params: dict, max_batches: int = 0, full: dict | None = None,
+                        whole_layer: bool = False) -> dict:
+  """The loss on the evaluated split with and without each MoE layer (its routed experts: the module doc).
 
   Args:
     evaluate: ``(params, max_batches) -> {"loss", "perplexity", "tokens"}`` on one split (``Experiment.evaluate``
@@ -52,11 +72,14 @@ def layer_contributions(evaluate, params: dict, max_batches: int = 0, full: dict
     max_batches: > 0: the first ``max_batches`` batches of the split; <= 0: all of it.
     full: ``evaluate(params, max_batches)``'s result when the caller has it already (training's evaluation
       points), so that only the ablated models are evaluated here.
+    whole_layer: also, for each layer with shared experts, the loss without the whole layer (``..._whole_layer``).
 
   Returns:
     ``{"batches", "tokens", "loss", "perplexity", "layers": {layer: {"loss_without_layer",
     "perplexity_without_layer", "relative_perplexity_increase"}}}``; ``layers`` is {} for a dense model.
-    The relative increase is ``ppl_without / ppl - 1`` (0: the layer does nothing for the loss). A dense model
+    The relative increase is ``ppl_without / ppl - 1`` (0: the layer does nothing for the loss). With
+    ``whole_layer``, a layer with shared experts adds ``"loss_without_whole_layer"``,
+    ``"perplexity_without_whole_layer"`` and ``"whole_layer_relative_perplexity_increase"``. A dense model
     is not evaluated at all: its result has only ``batches`` and an empty ``layers``.
   """
   batches = max_batches if max_batches > 0 else "all"
@@ -68,13 +91,18 @@ def layer_contributions(evaluate, params: dict, max_batches: int = 0, full: dict
     ablated = evaluate(without_layer(params, layer), max_batches)
     layers[layer] = {"loss_without_layer": ablated["loss"], "perplexity_without_layer": ablated["perplexity"],
                      "relative_perplexity_increase": ablated["perplexity"] / full["perplexity"] - 1.0}
+    if whole_layer and has_shared_experts(params, layer):
+      whole = evaluate(without_layer(params, layer, shared=True), max_batches)
+      layers[layer].update(loss_without_whole_layer=whole["loss"], perplexity_without_whole_layer=whole["perplexity"],
+                           whole_layer_relative_perplexity_increase=whole["perplexity"] / full["perplexity"] - 1.0)
   return {"batches": batches, "tokens": full["tokens"], "loss": full["loss"],
           "perplexity": full["perplexity"], "layers": layers}
 
 
 def experiment_contributions(exp, params: dict, split: str = "valid") -> dict:
-  """:func:`layer_contributions` of a run on ``split``'s first ``health.contribution_batches`` batches."""
+  """:func:`layer_contributions` of a run on ``split``'s first ``health.contribution_batches`` batches, the whole
+  layer's worth included where a layer has shared experts."""
   section = exp.config.get("health") or {}
   max_batches = int(section.get("contribution_batches", HEALTH_DEFAULTS["contribution_batches"]))
-  result = layer_contributions(lambda p, n: exp.evaluate(p, split, n), params, max_batches)
+  result = layer_contributions(lambda p, n: exp.evaluate(p, split, n), params, max_batches, whole_layer=True)
   return {"split": split, **result}

@@ -15,7 +15,8 @@ from stablemoe_jax.parallel import sharding as sharding_lib
 
 class RoutingRecorder:
   """Records, at steps 0, every ``record_every`` and the last, each MoE layer's expert for every token of a
-  fixed validation sample under the training routing of that step and the inference routing.
+  fixed validation sample under the training routing of that step and the inference routing (top-k routing:
+  every one of its k choices, ``records.write_record``).
 
   Created after the state is restored: it drops records past ``start_step`` (the interrupted run wrote
   them after its last checkpoint; this run rewrites them identically). Every process must make the same
@@ -43,7 +44,7 @@ class RoutingRecorder:
     self._sample = exp.task.routing_sample(exp.data, cfg, rows)  # numpy [R, S] entries, the same on every process
     self._inputs = global_inputs(exp, self._sample)
     self._route = mesh_lib.under_mesh(exp.mesh, jax.jit(
-        make_sample_router(analysis_model(exp.task, cfg.model), cfg.seed), static_argnums=2,
+        make_sample_router(analysis_model(exp.task, cfg.model), cfg.seed, choices=True), static_argnums=2,
         in_shardings=(exp.state_shardings.params, sharding_lib.batch_sharding(exp.mesh)),
         out_shardings=sharding_lib.replicated(exp.mesh)))
     if self._is_chief:

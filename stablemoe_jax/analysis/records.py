@@ -7,7 +7,9 @@ Layout:
   ``mask.npy``: bool [L, T], False at padding (absent: no padding); no fluctuation statistic counts padding.
   ``step_XXXXXXXX.npz``: one per record step, with ``train`` and ``inference``, each int8/int16
   [L, T]: the expert of every sample token in every MoE layer under the routing training used at
-  that step and under the inference routing.
+  that step and under the inference routing (with top-k routing, k > 1: each token's first choice), and for
+  k > 1 also ``train_choices`` and ``inference_choices`` [L, T, k], every choice, first first. A top-1 run's
+  files have only the first two, as every record written before top-k routing existed.
 
 Each file is written whole (to a temporary name, then renamed), so a kill leaves no torn record.
 A resumed run first drops the records past its restored step; it then rewrites them bit for bit.
@@ -68,9 +70,16 @@ def write_meta(directory: pathlib.Path, meta: dict, sample_tokens: np.ndarray, s
 
 def write_record(directory: pathlib.Path, step: int, train: np.ndarray, inference: np.ndarray,
                  num_experts: int) -> None:
-  """Writes the record of ``step``: ``train`` and ``inference`` expert ids, int [L, T] each."""
+  """Writes the record of ``step``: ``train`` and ``inference`` expert ids, int [L, T] each, or every choice of
+  top-k routing, [L, T, k] (first first; k = 1 is written as [L, T])."""
   dtype = index_dtype(num_experts)
-  arrays = {"train": np.asarray(train).astype(dtype), "inference": np.asarray(inference).astype(dtype)}
+  train, inference = np.asarray(train).astype(dtype), np.asarray(inference).astype(dtype)
+  arrays = {}
+  if train.ndim == 3:
+    if train.shape[-1] > 1:
+      arrays = {"train_choices": train, "inference_choices": inference}
+    train, inference = train[..., 0], inference[..., 0]
+  arrays = {"train": train, "inference": inference, **arrays}
   _atomic_write(directory / f"step_{step:08d}.npz", lambda f: np.savez(f, **arrays))
 
 
@@ -93,6 +102,8 @@ class Records:
     sample_tokens: int32 [T] (or [L, T], per layer) token ids of the sample.
     meta: the run's ``meta.json``.
     token_mask: bool [L, T], False at padding positions of the sample.
+    train_choices, inference_choices: int [K, L, T, k], every one of a token's k choices, first first (top-1
+      routing, and records written before top-k existed: ``train[..., None]``, k = 1).
   """
 
   steps: np.ndarray
@@ -101,10 +112,20 @@ class Records:
   sample_tokens: np.ndarray
   meta: dict
   token_mask: np.ndarray | None = None  # None: no padding
+  train_choices: np.ndarray | None = None  # None: top-1, the first choices
+  inference_choices: np.ndarray | None = None
 
   def __post_init__(self):
     if self.token_mask is None:
       object.__setattr__(self, "token_mask", np.ones(self.train.shape[1:], bool))  # frozen dataclass
+    for routing in ROUTINGS:
+      if getattr(self, f"{routing}_choices") is None:
+        object.__setattr__(self, f"{routing}_choices", self.assignments(routing)[..., None])
+
+  @property
+  def top_k(self) -> int:
+    """k, the experts each token was routed to."""
+    return int(self.train_choices.shape[-1])
 
   @property
   def layers(self) -> list[str]:
@@ -115,6 +136,11 @@ class Records:
     if routing not in ROUTINGS:
       raise ValueError(f"unknown routing {routing!r}; choose one of {ROUTINGS}")
     return self.train if routing == "train" else self.inference
+
+  def choices(self, routing: str) -> np.ndarray:
+    """int [K, L, T, k] for ``routing`` in ROUTINGS: every choice, first first."""
+    self.assignments(routing)  # the name's check
+    return self.train_choices if routing == "train" else self.inference_choices
 
 
 def load_records(workdir: str | os.PathLike) -> Records:
@@ -127,6 +153,8 @@ def load_records(workdir: str | os.PathLike) -> Records:
     )
   loaded = [np.load(directory / f"step_{s:08d}.npz") for s in steps]
   mask_file = directory / "mask.npy"
+  choices = {f"{routing}_choices": np.stack([r[f"{routing}_choices"] for r in loaded])
+             for routing in ROUTINGS if f"{routing}_choices" in loaded[0]}
   return Records(
       steps=np.asarray(steps),
       train=np.stack([r["train"] for r in loaded]),
@@ -134,4 +162,5 @@ def load_records(workdir: str | os.PathLike) -> Records:
       sample_tokens=np.load(directory / "sample.npy"),
       meta=json.loads((directory / "meta.json").read_text()),
       token_mask=np.load(mask_file) if mask_file.is_file() else None,
+      **choices,
   )

@@ -3,7 +3,8 @@
   ``cohesion_{split}_step{N}.json`` / ``.md``: per layer and expert, the most frequent tokens (Table 7);
   ``load_{split}_step{N}.json``: per layer, expert load, its entropy and balance, the mean gate and the share of
   gates < 0.01 (the router-health metrics under the inference routing);
-  ``fluctuation.json`` / ``fluctuation.png``: the fluctuation summary and curves of the run's records.
+  ``fluctuation.json`` / ``fluctuation.png``: the fluctuation summary and curves of the run's records (top-k: of
+  each token's first choice and of its set of k choices).
 All use the inference routing over every token of ``split``, except the fluctuation files, which read
 the routing records (training and inference routing of the fixed sample).
 """
@@ -54,6 +55,9 @@ def fluctuation_report(workdir: pathlib.Path, out_dir: pathlib.Path) -> dict | N
   summary = {routing: fluctuation.summarize(records, routing) for routing in ROUTINGS}
   (out_dir / "fluctuation.json").write_text(json.dumps(summary, indent=2))
   curves = [(f"{routing} routing", *fluctuation.curve_from_records(records, routing)) for routing in ROUTINGS]
+  if records.top_k > 1:  # the first choice's curves (above) and the k-set's
+    curves += [(f"{routing} routing, set of {records.top_k}", *fluctuation.curve_from_records(records, routing, True))
+               for routing in ROUTINGS]
   plot.plot_curves(curves, out_dir / "fluctuation.png", title=f"routing fluctuation: {workdir.resolve().name}")
   return summary
 

@@ -44,18 +44,28 @@ def _training_and_inference(model, key, params, inputs, in_stage1) -> tuple[dict
   return train, inference
 
 
-def make_sample_router(model, seed: int):
+def _choices(sown: dict) -> dict[str, jax.Array]:
+  """{layer path: int32 [T, k]}: every choice of each token, first (highest-ranked) first; a top-1 layer sows only
+  ``expert_index`` [T], which is its [T, 1]."""
+  first, every = _sown(sown, "expert_index"), _sown(sown, "expert_choices")
+  return {layer: every[layer] if layer in every else index[:, None] for layer, index in first.items()}
+
+
+def make_sample_router(model, seed: int, choices: bool = False):
   """``(params, inputs, in_stage1) -> ({layer: int32 [R*S]} training routing, {layer: ...} inference)``.
 
   ``inputs``: the model's arguments before ``in_stage1`` (``task.model_inputs``), each [R, S].
   Training routing: the model in training mode (``deterministic=False``, the given stage) with a fixed
   dropout key for any router that draws noise in training. Inference routing: as evaluation does.
+  ``choices``: every one of a token's k choices, ``{layer: int32 [R*S, k]}`` (first first; k = 1: [R*S, 1]),
+  instead of its first.
   """
   key = jax.random.key(seed)
+  read = _choices if choices else lambda sown: _sown(sown, "expert_index")
 
   def route(params, inputs, in_stage1):
     train, inference = _training_and_inference(model, key, params, inputs, in_stage1)
-    return _sown(train, "expert_index"), _sown(inference, "expert_index")
+    return read(train), read(inference)
 
   return route
 
@@ -74,17 +84,19 @@ def make_declining_router(model):
 
 
 def make_split_router(model):
-  """``(params, inputs) -> {layer: (int32 [B*S] expert, float32 [B*S] gate)}`` under the inference routing
-  (``inputs``: the model's arguments before ``in_stage1``, each [B, S])."""
+  """``(params, inputs) -> {layer: (int32 [B*S, k] experts, float32 [B*S, k] gates)}`` under the inference routing,
+  every one of a token's k choices, first first (k = 1: [B*S, 1]); ``inputs``: the model's arguments before
+  ``in_stage1``, each [B, S]."""
   def route(params, inputs):
     _, sown = model.apply({"params": params}, *inputs, jnp.array(False), deterministic=True, mutable=[ROUTING])
-    experts, gates = _sown(sown, "expert_index"), _sown(sown, "gate")
-    return {layer: (experts[layer], gates[layer].astype(jnp.float32)) for layer in experts}
+    experts, first_gates, gates = _choices(sown), _sown(sown, "gate"), _sown(sown, "gate_choices")
+    return {layer: (experts[layer], gates.get(layer, first_gates[layer][:, None]).astype(jnp.float32))
+            for layer in experts}
   return route
 
 
 def stack_layers(per_layer: dict) -> tuple[list[str], np.ndarray]:
-  """{layer: [T]} (device or host) -> (layer names in model order, numpy [L, T])."""
+  """{layer: [T, ...]} (device or host) -> (layer names in model order, numpy [L, T, ...])."""
   per_layer = jax.device_get(per_layer)
   layers = sorted_layers(per_layer)
   return layers, np.stack([np.asarray(per_layer[layer]) for layer in layers])

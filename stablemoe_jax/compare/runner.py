@@ -15,6 +15,8 @@ from stablemoe_jax.analysis import fluctuation, records as records_lib
 from stablemoe_jax.compare.methods import METHODS, method_configs
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.models import flops as flops_lib
+from stablemoe_jax.models import routers
+from stablemoe_jax.models.transformer import has_moe_layers
 from stablemoe_jax.train import health
 from stablemoe_jax.train.metrics import read_metrics
 
@@ -33,15 +35,17 @@ def _share_prepared_data(workdir: pathlib.Path, directory: pathlib.Path) -> None
 
 
 def model_costs(config: ml_collections.ConfigDict, directory: pathlib.Path) -> dict:
-  """Shared / expert parameter counts and analytic forward FLOPs per token (top-1 active) of a run's model."""
+  """Shared / expert parameter counts and analytic forward FLOPs per token of a run's model (the active count: each
+  of a token's k routed choices one expert FFN, every shared expert; ``flops.forward_flops_per_token``)."""
   exp = loop.Experiment(config, directory)
   try:
     params = jax.eval_shape(exp.init_state).params
   finally:
     exp.checkpointer.close()
   counts = flops_lib.param_counts(params)
+  top_k = routers.top_k(exp.config.model.moe) if has_moe_layers(exp.config.model) else 1
   return {"shared_params": counts["shared"], "expert_params": counts["expert"], "total_params": counts["total"],
-          "flops_per_token": flops_lib.forward_flops_per_token(params, exp.config.train.seq_len)}
+          "flops_per_token": flops_lib.forward_flops_per_token(params, exp.config.train.seq_len, top_k=top_k)}
 
 
 def validation_curves(directory: pathlib.Path, summary: dict, tokens_per_step: int) -> dict[str, list[list[float]]]:

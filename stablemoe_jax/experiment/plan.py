@@ -20,6 +20,7 @@ from jax.sharding import AbstractMesh
 
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.experiment.step import make_train_step
+from stablemoe_jax.models import routers
 from stablemoe_jax.models.transformer import has_moe_layers, moe_positions
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
@@ -82,8 +83,10 @@ def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
   Per token: each block keeps about ``10 d + 2 d_ff`` values (LayerNorm inputs and outputs, q/k/v,
   attention and FFN outputs, the ReLU input) plus its attention probabilities ``H * S``; each MoE
   sublayer ``(4 d + 2 d_ff_e)`` per capacity slot (``capacity_factor`` slots per token, plus the
-  dispatch buffers); the LM head its float32 logits and their softmax (``2 V``). Translation: the encoder's
-  blocks over the source and the decoder's over the target, each decoder block with a cross-attention
+  dispatch buffers; capacity counts choices, so top-k routing fills the same slots and adds only its k - 1 more
+  rows a token in and out, ``2 d`` each), and each shared expert (``model.moe.shared_experts``) its sublayers'
+  ``(4 d + 2 d_ff_e)`` for every token; the LM head its float32 logits and their softmax (``2 V``). Translation:
+  the encoder's blocks over the source and the decoder's over the target, each decoder block with a cross-attention
   (``4 d`` more and ``H * S`` more probabilities a token); its MoE layers split between the two.
   """
   model, train = config.model, config.train
@@ -98,14 +101,22 @@ def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
     layers = num_moe_layers(config)
     sublayers = max(1, moe.sublayers_per_expert // layers)
     slots = max(moe.capacity_factor, 1.0)
-    per_token += layers * slots * (sublayers * (4 * model.d_model + 2 * (moe.d_ff or model.d_ff))
-                                   + 2 * model.d_model) * itemsize
+    expert_values = sublayers * (4 * model.d_model + 2 * (moe.d_ff or model.d_ff))
+    per_token += layers * slots * (expert_values + 2 * model.d_model) * itemsize
+    top_k, shared = routers.top_k(moe), moe.get("shared_experts", 0)
+    if top_k > 1:  # each choice a row of its own on the way to the slots and back: k - 1 more [T, d] each way
+      per_token += layers * (top_k - 1) * 2 * model.d_model * itemsize
+    if shared > 0:  # every token through each shared expert, outside the capacity buffers
+      per_token += layers * shared * expert_values * itemsize
   per_token += 2 * model.vocab_size * 4
   return int(tokens * per_token)
 
 
 def all_to_all_bytes_per_device(config: ml_collections.ConfigDict, num_devices: int) -> int:
-  """Bytes one device sends through all-to-alls in one train step (forward and backward, every MoE layer)."""
+  """Bytes one device sends through all-to-alls in one train step (forward and backward, every MoE layer).
+
+  The capacity buffers travel: top-k routing's choices share them (capacity counts choices), so k does not change
+  the bytes, and shared experts, replicated on every device, send nothing."""
   model, train, expert_devices = config.model, config.train, config.mesh.expert
   if not has_moe_layers(model) or expert_devices == 1:
     return 0

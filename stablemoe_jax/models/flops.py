@@ -9,10 +9,15 @@ built from these modules is covered (dense, deeper, wider, any router):
   so a vocabulary padded by ``model.vocab_multiple`` counts the padded columns the head computes);
   a distilled router's embedding is a lookup: 0;
 * router ``centroids`` [N, d]: ``2 * N * d`` (every expert's score is computed);
-* expert weights ``w_in`` [E, s, d, f] and ``w_out`` [E, s, f, d]: ``2 * size / E * capacity_factor``
-  (top-1: one expert per token; ``capacity_factor`` 1 is the active count, c > 1 is what
-  capacity-padded buffers compute); the same stacked FFN outside an ``experts`` module (the dense
-  baselines' ``dense_ffn_*``, [1, s, ...], every token through it): ``2 * size``;
+* routed expert weights ``w_in`` [E, s, d, f] and ``w_out`` [E, s, f, d] (under an ``experts`` module):
+  ``2 * size / E * rows``, ``rows`` the expert rows a token costs: by default the active count, ``top_k``
+  (each of a token's k choices runs one expert FFN); given a ``capacity_factor`` c, what the capacity-padded
+  buffers compute, E slots of ``c * T / E`` rows a routing group, so c rows a token whatever k (capacity counts
+  choices, ``models/moe.py``: a top-2 layer at c = 1 computes as many rows as a top-1 one and drops half its
+  choices);
+* the same stacked FFN outside an ``experts`` module, every token through each of its [n, s, ...] stacks:
+  ``2 * size``: the shared experts (``shared_experts``, [n, ...], ``model.moe.shared_experts``: n expert FFNs a
+  token) and the dense baselines' ``dense_ffn_*`` ([1, s, ...]);
 * each causal self-attention: ``4 * S * d`` for ``QK^T`` and ``AV`` over all S keys (computed for the
   whole square and masked, as ``jax.nn.dot_product_attention`` does).
 """
@@ -32,7 +37,8 @@ def _flat(params: Any) -> dict[tuple[str, ...], Any]:
 
 
 def param_counts(params: Any) -> dict[str, int]:
-  """``{'shared', 'expert', 'total'}`` parameter counts; expert = everything under an ``experts`` module."""
+  """``{'shared', 'expert', 'total'}`` parameter counts; expert = everything under an ``experts`` module (the
+  routed experts). Shared experts (``shared_experts``: every token goes through them) count as shared."""
   shared = expert = 0
   for path, leaf in _flat(params).items():
     size = math.prod(leaf.shape)
@@ -43,8 +49,13 @@ def param_counts(params: Any) -> dict[str, int]:
   return {"shared": shared, "expert": expert, "total": shared + expert}
 
 
-def forward_flops_per_token(params: Any, seq_len: int, capacity_factor: float = 1.0) -> int:
-  """Forward FLOPs per token of a decoder LM with parameters ``params`` on sequences of ``seq_len``."""
+def forward_flops_per_token(params: Any, seq_len: int, capacity_factor: float | None = None, top_k: int = 1) -> int:
+  """Forward FLOPs per token of a decoder LM with parameters ``params`` on sequences of ``seq_len``.
+
+  ``top_k``: the experts each token is routed to (``routers.top_k``); ``capacity_factor``: None for the active
+  count (``top_k`` expert rows a token), else the capacity-padded buffers' (``capacity_factor`` rows a token).
+  """
+  rows = top_k if capacity_factor is None else capacity_factor
   flops = 0.0
   for path, leaf in _flat(params).items():
     size = math.prod(leaf.shape)
@@ -58,5 +69,5 @@ def forward_flops_per_token(params: Any, seq_len: int, capacity_factor: float = 
     elif name == "centroids":
       flops += 2 * size
     elif name in ("w_in", "w_out"):
-      flops += 2 * size / leaf.shape[0] * capacity_factor if EXPERTS_MODULE in path[:-1] else 2 * size
+      flops += 2 * size / leaf.shape[0] * rows if EXPERTS_MODULE in path[:-1] else 2 * size
   return int(round(flops))

@@ -12,6 +12,7 @@ import ml_collections
 
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size, tied_logits  # noqa: F401
+from stablemoe_jax.models import routers
 from stablemoe_jax.models.moe import MoELayer, make_moe_layer
 
 PLACEMENTS = ("bottom", "middle", "top", "scattered")
@@ -70,8 +71,10 @@ def _dense_plan(config_json: str) -> tuple[int, int]:
   cfg.moe.enabled = False
   extra = (moe_total - count_params(cfg)) / len(moe_positions(cfg.num_layers, cfg.moe.placement))
   d, width = cfg.d_model, cfg.moe.d_ff or cfg.d_ff
-  if how == "flops":  # one expert's FFN: what a top-1 MoE layer computes for each token
-    return max(1, cfg.moe.sublayers_per_expert // len(moe_positions(cfg.num_layers, cfg.moe.placement))), width
+  if how == "flops":  # a token's k routed experts' FFNs and every shared one: one FFN (k + n) times as wide
+    experts_per_token = routers.top_k(cfg.moe) + cfg.moe.get("shared_experts", 0)
+    return (max(1, cfg.moe.sublayers_per_expert // len(moe_positions(cfg.num_layers, cfg.moe.placement))),
+            width * experts_per_token)
   if how == "wider":
     sublayers = max(1, cfg.moe.sublayers_per_expert // len(moe_positions(cfg.num_layers, cfg.moe.placement)))
   else:
@@ -85,8 +88,9 @@ def dense_match_plan(model_config) -> tuple[int, int]:
   ``model.dense_match``: "deeper" keeps the expert width and adds sublayers (as many as the experts' parameters
   allow), "wider" keeps ``sublayers_per_expert`` and widens them; either way the width is then fitted so the
   total parameters match to within one sublayer's rounding (a few hundred parameters). "flops" matches the
-  compute a token instead: one expert's FFN (its sublayers and width) at each MoE position, which is what a top-1
-  MoE layer applies to each token (its router aside).
+  compute a token instead: at each MoE position one expert's sublayers at (k + n) times its width, what a top-k
+  MoE layer with n shared experts (``model.moe.shared_experts``) applies to each token (its router aside): one
+  expert's FFN for top-1 routing.
   """
   return _dense_plan(model_config.to_json())
 

@@ -4,7 +4,8 @@ A MoE layer is **dead** when it does no measurable work (docs/router_health.md):
 
 * **contribution**: removing it (every expert's output set to 0, ``analysis.contribution``) raises validation
   perplexity by less than ``health.min_contribution`` (1%; why that floor: docs/router_health.md, "The verdict");
-  or
+  with shared experts (``model.moe.shared_experts``) removing its routed experts, the shared ones kept: the worth
+  of routing (the whole layer's worth is reported beside it, never judged); or
 * **degenerate routing**: the two busiest of its N > 2 experts take more than ``health.max_top2_load`` of the tokens.
 
 Both are measured the same way for every router. In training, the contribution is measured at every evaluation
@@ -155,11 +156,13 @@ def degenerate_reasons(values: dict[str, float], max_top2_load: float) -> list[s
           f"{max_top2_load} (degenerate routing)"]
 
 
-def contribution_reasons(contribution: float | None, min_contribution: float) -> list[str]:
-  """The contribution rule ([] when the layer is worth at least ``min_contribution`` or was not measured)."""
+def contribution_reasons(contribution: float | None, min_contribution: float, shared: bool = False) -> list[str]:
+  """The contribution rule ([] when the layer is worth at least ``min_contribution`` or was not measured);
+  ``shared``: the layer has shared experts, so ``contribution`` is its routed experts' worth."""
   if contribution is None or contribution >= min_contribution:
     return []
-  return [f"removing it raises validation perplexity by {contribution:+.2%} < health.min_contribution="
+  removed = "removing its routed experts (its shared experts kept)" if shared else "removing it"
+  return [f"{removed} raises validation perplexity by {contribution:+.2%} < health.min_contribution="
           f"{min_contribution} (no measurable work)"]
 
 
@@ -289,23 +292,29 @@ class CollapseGuard:
 def verdict(health: dict, min_contribution: float = DEFAULTS["min_contribution"],
             max_top2_load: float = DEFAULTS["max_top2_load"]) -> dict:
   """The rule on a ``health`` section's last window (``layers``) and final ``contribution``:
-  ``{"ok", "dead_layers", "verdict": {layer: {"dead", "reasons", "contribution", "top2_load"}}}``."""
+  ``{"ok", "dead_layers", "verdict": {layer: {"dead", "reasons", "contribution", "top2_load"}}}``; a layer with
+  shared experts judged by its routed experts' worth (``contribution``), with ``whole_layer_contribution`` beside
+  it."""
   contributions = (health.get("contribution") or {}).get("layers", {})
   names = sorted(set(health.get("layers", {})) | set(contributions))
   judged = {}
   for layer in names:
     values = health.get("layers", {}).get(layer, {})
     contribution = contributions.get(layer, {}).get("relative_perplexity_increase")
-    reasons = contribution_reasons(contribution, min_contribution) + degenerate_reasons(values, max_top2_load)
+    whole = contributions.get(layer, {}).get("whole_layer_relative_perplexity_increase")
+    reasons = (contribution_reasons(contribution, min_contribution, shared=whole is not None)
+               + degenerate_reasons(values, max_top2_load))
     judged[layer] = {"dead": bool(reasons), "reasons": reasons, "contribution": contribution,
                      "top2_load": values.get("top2_load")}
+    if whole is not None:
+      judged[layer]["whole_layer_contribution"] = whole
   dead = sorted(layer for layer, v in judged.items() if v["dead"])
   return {"ok": not dead, "dead_layers": dead, "verdict": judged}
 
 
 def least_contribution(health: dict) -> float | None:
-  """The smallest relative valid-PPL increase when one MoE layer is removed, of a ``health`` section (None: no
-  MoE layer, or none measured)."""
+  """The smallest relative valid-PPL increase when one MoE layer is removed (with shared experts: its routed experts),
+  of a ``health`` section (None: no MoE layer, or none measured)."""
   layers = (health.get("contribution") or {}).get("layers") or {}
   return min((c["relative_perplexity_increase"] for c in layers.values()), default=None)
 

@@ -13,7 +13,8 @@ Inputs, from the config's `data` section: `corpus='ptb'` / `'text'` as for
 `main`, or `corpus='files'` with `train_files`, `valid_files`, `test_files`
 (comma-separated globs of plain text, `.gz` or `.zst`), and optionally
 `tokenizer_files` (globs of the train files the tokenizer is built from;
-default: all of them). How to prepare is given by flags (`Options`): shard
+default: all of them) and `eval_sets` (named held-out sets, written as the
+extra splits `valid@NAME` / `test@NAME`; `data/lm/eval_sets.py`). How to prepare is given by flags (`Options`): shard
 size, tokens per record, the sentencepiece sample, workers, the Beam runner.
 
 Steps: tokenizer (trained once, in this process) -> plan (shards of every

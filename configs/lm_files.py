@@ -19,4 +19,7 @@ def get_config(base: str = "default"):
   config.data.valid_files = ""
   config.data.test_files = ""
   config.data.tokenizer_files = ""  # globs of train files the tokenizer is built from; "": every train file
+  # Named held-out sets, each scored on its own at the end (summary.json "sets"): "NAME=GLOB,..." with {split} in
+  # each glob standing for valid and test (stablemoe_jax/data/lm/eval_sets.py); "": none.
+  config.data.eval_sets = ""
   return config

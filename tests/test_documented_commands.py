@@ -105,6 +105,8 @@ NOT_RUN = {
                               "tiny sweep and tests/test_translation_compare.py a translation comparison",
     "configs/ablate_cpu.py": "the paper's Table 5 ablations, 3 seeds each (hours); tests/test_compare.py runs the "
                              "comparison",
+    "configs/lm_multi_cpu.py": "the multilingual LM probe, 3 methods x 2 seeds at the default's budget (hours); "
+                               "tests/test_lm_multi.py runs its commands on the tiny model",
     "configs/xmoe_cpu.py": "X-MoE's routing as published against the default's, 6 runs (hours); tests/test_sweep.py "
                            "runs a tiny sweep of the same shape",
 }
@@ -338,6 +340,8 @@ def test_launches_on_many_devices_pass_the_plan(argv, tmp_path):
 # ---- the slow tier: the CPU commands, run for real on the tiny model ------------------------------------------
 NOT_RUN_PROGRAMS = {
     "stablemoe_jax.data.prepare": "Beam preparation; tests/test_prepare_*.py and test_mt_files.py run it",
+    "stablemoe_jax.data.prepare.union_corpus": "writes the union corpus from the shared data (seconds, 24 MB); "
+                                               "tests/test_lm_multi.py runs it and checks its lines",
     "stablemoe_jax.analysis.plot": "needs three runs' routing records; tests/test_analysis.py plots real records",
     "launch/local_multiprocess.sh": "planned above; tests/test_parallel.py and test_multiprocess.py run the script",
     "launch/sweep_workers.sh": "the tuned sweep (87 runs); tests/test_sweep.py runs a tiny sweep",

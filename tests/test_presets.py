@@ -27,6 +27,7 @@ EXPECTED = {
     "ablate_cpu": (1, 8, BATCH_16),
     "xmoe_cpu": (1, 8, BATCH_16),
     "lm_files": (1, 8, BATCH_16),
+    "lm_multi_cpu": (1, 8, BATCH_16),
     "lm_base": (64, 64, 64),
     "lm_files:lm_base": (64, 64, 64),
     "lm_large": ("mesh.expert=8 must divide the number of devices (1)", 64, 64),

@@ -71,6 +71,9 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
   if device_count is not None:  # the layout before the groups' own checks: a resolved G names the devices it fits
     model_checks.check_devices(config, device_count)
   model_checks.check_moe(config)
+  if task == "lm" and config.data.get("eval_sets", ""):
+    from stablemoe_jax.data.lm import eval_sets  # pylint: disable=import-outside-toplevel
+    eval_sets.parse(config.data)  # a bad data.eval_sets: one line, before any work
   if task == "translation":
     # Imported here: importing the translation task loads its input pipeline.
     from stablemoe_jax.tasks import translation as translation_task

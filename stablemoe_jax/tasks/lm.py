@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.data.lm import eval_sets
 from stablemoe_jax.data.lm import pipeline as data_lib
 from stablemoe_jax.data.lm.token_counts import split_token_counts
 from stablemoe_jax.models.transformer import TransformerLM
@@ -76,4 +77,13 @@ class LanguageModelTask:
             "stride": stride if sliding else cfg.seq_len}
 
   def final_report(self, experiment, params, split: str = "test") -> dict:
-    return {}
+    """``{"sets": {name: {"valid": {loss, perplexity, tokens}, "test": {...}}}}``: each of ``data.eval_sets``' sets
+    scored on its own as ``evaluate`` scores a split (both held-out splits whatever ``split`` is: they are small);
+    {} without sets."""
+    del split  # every set's valid and test are reported
+    sets = eval_sets.parse(experiment.config.data)
+    if not sets:
+      return {}
+    batches = experiment.final_eval_batches
+    return {"sets": {name: {held_out: experiment.evaluate(params, eval_sets.split_name(held_out, name), batches)
+                            for held_out in eval_sets.SPLITS} for name in sets}}

@@ -26,6 +26,7 @@ import numpy as np
 
 from stablemoe_jax.data.common import locate, shards, tokenizers
 from stablemoe_jax.data.lm import batches as pipeline
+from stablemoe_jax.data.lm import eval_sets
 from stablemoe_jax.data.lm import prepared
 from stablemoe_jax.data.lm import stream as stream_lib
 
@@ -116,11 +117,19 @@ def load(prepared_dir: pathlib.Path, data_config, in_memory: bool | None = None)
   if differ:
     raise prepared.PreparedDataMismatchError(
         f'The shards prepared in {prepared_dir} do not match this config: {"; ".join(differ)}. {fix}')
+  unprepared = [split for split in eval_sets.set_globs(data_config) if split not in manifest['shards']]
+  if unprepared:
+    raise prepared.PreparedDataMismatchError(
+        f'data.eval_sets names split(s) {", ".join(unprepared)} that the shards in {prepared_dir} were not prepared '
+        f'with (prepared: {", ".join(manifest["shards"])}). Run `python -m stablemoe_jax.data.prepare` again with '
+        f'this data.eval_sets and --workdir, or use a new --workdir.')
   try:  # Only stat() here: a run's start must not read the inputs (prepare's names also hash their heads).
     now = {split: [shards.file_stat(p) for p in paths] for split, paths in prepared.split_inputs(data_config).items()}
   except (locate.DataNotFoundError, shards.EmptyInputError):
     now = None  # No raw corpus here (evaluating or resuming elsewhere): the shards are what there is.
-  then = {split: [i.rsplit(':', 1)[0] for i in ids] for split, ids in manifest['inputs'].items()}
+  # The splits this config reads (sets prepared but no longer named are not compared).
+  then = {split: [i.rsplit(':', 1)[0] for i in ids] for split, ids in manifest['inputs'].items()
+          if now is None or split in now}
   if now is not None and now != then:
     raise prepared.PreparedDataMismatchError(
         f'The input files changed since the shards in {prepared_dir} were prepared. {fix}')

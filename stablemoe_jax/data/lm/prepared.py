@@ -24,6 +24,7 @@ import tensorflow_datasets as tfds
 from stablemoe_jax.data.common import locate
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.common import tokenizers
+from stablemoe_jax.data.lm import eval_sets
 from stablemoe_jax.data.lm.stream import FieldSource, RecordSource
 
 MANIFEST = 'prepared.json'
@@ -47,11 +48,15 @@ def config_value(data_config: Any, key: str, default: Any = None) -> Any:
 
 
 def split_inputs(data_config: Any) -> dict[str, list[pathlib.Path]]:
-  """{split: input files} of the config's data section."""
+  """{split: input files} of the config's data section: train, valid, test, then each of ``data.eval_sets``' sets'
+  valid and test files (``valid@NAME``, ``test@NAME``; ``eval_sets.py``)."""
   corpus = config_value(data_config, 'corpus', 'ptb')
   if corpus == 'files':
-    return {split: shards.expand_inputs(config_value(data_config, f'{split}_files', ''), f'data.{split}_files')
-            for split in locate.SPLITS}
+    files = {split: shards.expand_inputs(config_value(data_config, f'{split}_files', ''), f'data.{split}_files')
+             for split in locate.SPLITS}
+    for split, pattern in eval_sets.set_globs(data_config).items():
+      files[split] = shards.expand_inputs(pattern, f'data.eval_sets ({split})')
+    return files
   data_dir = locate.resolve_data_dir(config_value(data_config, 'data_dir', ''), corpus)
   return {split: [path] for split, path in locate.corpus_files(data_dir, corpus).items()}
 

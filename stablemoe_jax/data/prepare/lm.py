@@ -13,7 +13,8 @@ Inputs, from the config's `data` section: `corpus='ptb'` / `'text'` as for
 `main`, or `corpus='files'` with `train_files`, `valid_files`, `test_files`
 (comma-separated globs of plain text, `.gz` or `.zst`), and optionally
 `tokenizer_files` (globs of the train files the tokenizer is built from;
-default: all of them). How to prepare is given by flags (`Options`): shard
+default: all of them) and `eval_sets` (named held-out sets, written as the
+extra splits `valid@NAME` / `test@NAME`; `data/lm/eval_sets.py`). How to prepare is given by flags (`Options`): shard
 size, tokens per record, the sentencepiece sample, workers, the Beam runner.
 
 Steps: tokenizer (trained once, in this process) -> plan (shards of every
@@ -243,11 +244,11 @@ def prepare(data_config: Any, prepared_dir: pathlib.Path, options: Options = Opt
   dtype = shard_writer.token_dtype(tokenizer.vocab_size)
   fingerprint = hashlib.sha256(json.dumps(
       [FORMAT_VERSION, tokenizer.kind, tokenizer.fingerprint(), dtype, options.chunk_tokens]).encode()).hexdigest()
-  specs = [spec for split in SPLITS for spec in shards.plan_split(split, files[split], options.shard_bytes, fingerprint)]
+  specs = [spec for split in files for spec in shards.plan_split(split, files[split], options.shard_bytes, fingerprint)]
   job = shard_writer.ShardJob(str(out_dir), str(prepared_dir / 'tokenizer'), tokenizer.fingerprint(),
                               options.chunk_tokens, dtype, options.batch_lines)
   entries, skipped, report = run_shards(specs, out_dir, job, options, started)
-  for split in SPLITS:
+  for split in files:  # train, valid, test, then data.eval_sets' splits
     if not sum(e['num_tokens'] for e in entries.get(split, [])):
       raise text.BadCorpusError(f'The {split} split has no text (inputs: {", ".join(map(str, files[split]))}).')
   manifest = dict(config, format=prepared.SHARDS_FORMAT, vocab_size=tokenizer.vocab_size,

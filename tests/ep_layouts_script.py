@@ -27,6 +27,7 @@ from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
+from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
 
@@ -66,8 +67,9 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, 
   summary[f"{name}/batch_spec"] = str(batch["inputs"].sharding.spec)
 
   def loss_and_outputs(params):
-    logits, sown = model.apply({"params": params}, batch["inputs"], jnp.array(True), deterministic=False,
+    output, sown = model.apply({"params": params}, batch["inputs"], jnp.array(True), deterministic=False,
                                rngs=step_rngs(jax.random.key(5)), mutable=[AUX_LOSS, METRICS])
+    logits = output.logits()
     aux = sum(jax.tree.leaves(sown[AUX_LOSS]))
     return jnp.mean(token_nll(logits, batch["targets"])) + aux, (logits, sown)
 
@@ -81,9 +83,9 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, 
 
   batch_sharding = sharding_lib.batch_sharding(mesh)
   replicated = sharding_lib.replicated(mesh)
-  step = jax.jit(make_train_step(model, tx, config), in_shardings=(shardings, batch_sharding),
+  step = jax.jit(make_train_step(model, tx, config, LanguageModelTask()), in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, replicated))
-  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sharding), out_shardings=replicated)
+  eval_step = jax.jit(make_eval_step(model, LanguageModelTask()), in_shardings=(shardings.params, batch_sharding), out_shardings=replicated)
   with jax.set_mesh(mesh):
     compiled_step = step.lower(state, batch).compile()
     train_hlo = compiled_step.as_text()

@@ -203,7 +203,7 @@ def test_train_step_moves_the_bias_by_the_steps_load_and_the_optimizer_never_doe
   tiny_config.model.moe.shared_experts = 1
   exp = loop.Experiment(tiny_config, tmp_path)
   state = exp.init_state()
-  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config))
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))
   batches = exp.data.train_iterator(4, 16, seed=0)
   bias = np.zeros(4, np.float32)
   initial = jax.device_get(state.params)

@@ -145,7 +145,7 @@ def test_contribution_is_exactly_zero_for_zero_experts_and_not_otherwise():
 
   @jax.jit
   def loss(p):
-    return jnp.mean(token_nll(model.apply({"params": p}, tokens, jnp.array(False)), targets))
+    return jnp.mean(token_nll(model.apply({"params": p}, tokens, jnp.array(False)).logits(), targets))
 
   def evaluate(p, max_batches):
     value = float(loss(p))
@@ -169,7 +169,7 @@ def test_contribution_is_exactly_zero_for_zero_experts_and_not_otherwise():
 def test_a_zeroed_expert_layer_is_dead_by_its_contribution():
   _, model, params, tokens = _lm_and_batch()
   params = _noise(params, 0.2, base=params)
-  apply = jax.jit(lambda p: model.apply({"params": p}, tokens, jnp.array(False)))
+  apply = jax.jit(lambda p: model.apply({"params": p}, tokens, jnp.array(False)).logits())
   targets = jnp.argmax(apply(params), axis=-1)  # what the whole model predicts: its layer is needed to fit them
   loss = jax.jit(lambda p: jnp.mean(token_nll(apply(p), targets)))
 

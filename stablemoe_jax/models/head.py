@@ -4,12 +4,14 @@
 padded rows are never looked up and never scored (their logits are cut off or masked out of the softmax), so
 the loss, the perplexity and every decoded id are those of the unpadded vocabulary.
 
-``model.loss_chunk_tokens`` > 0: the models return :class:`HeadInputs` (the final hidden states and the
-embedding) instead of logits to the train and eval steps, and the head and its loss run ``chunk`` tokens at a
-time, so no step writes the [T, V] float32 logits (6.6 GB a pass at 32 x 1,024 tokens and V 50,257): training's
-:func:`chunked_mean_loss` computes each chunk's loss and its gradients in the forward pass (a fused linear
-cross-entropy), evaluation's :func:`chunked_nll` the per-token loss (under ``jax.checkpoint``, as MaxText's
-vocabulary tiling, if differentiated).
+The models (``TransformerLM``, ``TransformerSeq2Seq`` and its ``decode``) return :class:`HeadInputs`, what the
+head needs (the final hidden states and the tied embedding), never logits: the task's loss
+(``train/losses.head_mean_loss``, ``head_token_nll``) or a decoder (``HeadInputs.logits``) applies the head.
+With ``model.loss_chunk_tokens`` > 0 the loss runs the head ``chunk`` tokens at a time, so no step writes the
+[T, V] float32 logits (6.6 GB a pass at 32 x 1,024 tokens and V 50,257): training's :func:`chunked_mean_loss`
+computes each chunk's loss and its gradients in the forward pass (a fused linear cross-entropy), evaluation's
+:func:`chunked_nll` the per-token loss (under ``jax.checkpoint``, as MaxText's vocabulary tiling, if
+differentiated).
 """
 from __future__ import annotations
 
@@ -60,10 +62,11 @@ def tied_logits(x: jax.Array, embedding: jax.Array, vocab_size: int | None = Non
 
 @flax.struct.dataclass
 class HeadInputs:
-  """What the head needs, returned by the models in place of logits when ``model.loss_chunk_tokens`` > 0.
+  """What the head needs: the models' output (the tasks' losses and the decoders apply the head to it).
 
   hidden: [..., d] the final LayerNorm's output in the compute dtype; embedding: float32 [Vp, d] (tied);
-  vocab_size: the real vocabulary V <= Vp; chunk_tokens: tokens per chunk of :func:`chunked_nll`.
+  vocab_size: the real vocabulary V <= Vp; chunk_tokens: ``model.loss_chunk_tokens``, the tokens per chunk of
+  :func:`chunked_nll` / :func:`chunked_mean_loss` (0: the losses take the whole :meth:`logits`).
   """
 
   hidden: jax.Array
@@ -72,7 +75,7 @@ class HeadInputs:
   chunk_tokens: int = flax.struct.field(pytree_node=False)
 
   def logits(self) -> jax.Array:
-    """The whole float32 logits [..., V] (what the models return with chunking off)."""
+    """The whole float32 logits [..., V] (:func:`tied_logits`)."""
     return tied_logits(self.hidden, self.embedding, self.vocab_size)
 
 

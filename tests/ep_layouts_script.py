@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from configs import default
 from stablemoe_jax.experiment.step import make_eval_step, make_train_step, step_rngs, token_nll
+from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models import dispatch
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.models.transformer import TransformerLM
@@ -128,7 +129,7 @@ def dispatcher_checks(summary: dict) -> None:
       index = jax.random.randint(jax.random.key(1), (groups, group_size), 0, EXPERTS)
     else:
       index = jnp.zeros((groups, group_size), jnp.int32)
-    slots = dispatch.group_slots(index, EXPERTS, capacity)
+    slots = capacity_lib.group_slots(index, EXPERTS, capacity)
     kw = dict(expert_fn=marker_expert, num_experts=EXPERTS, capacity=capacity)
     with jax.set_mesh(mesh):
       a2a = jax.jit(lambda x, s: dispatch.all_to_all_dispatch(x, s, marker_params, None, **kw))(x, slots)

@@ -10,7 +10,8 @@ import pytest
 from conftest import jit_init
 
 from configs import default
-from stablemoe_jax.models import deepseek_router, dispatch, routers
+from stablemoe_jax.models import capacity as capacity_lib
+from stablemoe_jax.models import deepseek_router, routers
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.routing import METRICS
 
@@ -119,7 +120,7 @@ def test_layer_against_the_per_token_loop_with_capacity():
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   h = np.asarray(x, np.float64).reshape(24, D)
   choices, gates = hand_route(p["router"]["centroids"], p["router"]["expert_bias"], h, 2, 1.5)
-  capacity = dispatch.expert_capacity(24, E, 0.75)
+  capacity = capacity_lib.expert_capacity(24, E, 0.75)
   load, want = np.zeros(E, int), h.copy()
   for j in range(2):  # every first choice, then every second choice
     for t in range(24):

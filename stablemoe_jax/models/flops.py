@@ -9,7 +9,7 @@ built from these modules is covered (dense, deeper, wider, any router):
   so a vocabulary padded by ``model.vocab_multiple`` counts the padded columns the head computes);
   a distilled router's embedding is a lookup: 0;
 * router ``centroids`` [N, d]: ``2 * N * d`` (every expert's score is computed);
-* expert weights ``w_in`` [E, s, d, f] and ``w_out`` [E, s, f, d]: ``2 * size / E * capacity_factor``
+* expert weights ``w_in`` [N, s, d, f] and ``w_out`` [N, s, f, d]: ``2 * size / N * capacity_factor``
   (top-1: one expert per token; ``capacity_factor`` 1 is the active count, c > 1 is what
   capacity-padded buffers compute); the same stacked FFN outside an ``experts`` module (the dense
   baselines' ``dense_ffn_*``, [1, s, ...], every token through it): ``2 * size``;

@@ -12,6 +12,7 @@ With ``model.loss_chunk_tokens`` > 0 the loss runs the head ``chunk`` tokens at 
 computes each chunk's loss and its gradients in the forward pass (a fused linear cross-entropy), evaluation's
 :func:`chunked_nll` the per-token loss (under ``jax.checkpoint``, as MaxText's vocabulary tiling, if
 differentiated).
+Shape letters: ``models/__init__.py`` (here n chunks of P positions of each of the B rows).
 """
 from __future__ import annotations
 
@@ -105,8 +106,9 @@ def _unsplit(chunks: jax.Array, length: int, shape: tuple[int, ...]) -> jax.Arra
 
 def _chunk_loss(x_chunk: jax.Array, embedding: jax.Array, t_chunk: jax.Array, vocab: int, smoothing: float
                 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
-  """One chunk: x_chunk [C, d] and embedding [Vp, d] in the compute dtype, targets int32 [C] -> (per-token loss
-  float32 [C], logits float32 [C, Vp] with the padded columns at -inf, their logsumexp [C], the real columns' mask)."""
+  """One chunk of B * P tokens: x_chunk [B * P, d] and embedding [Vp, d] in the compute dtype, targets int32 [B * P]
+  -> (per-token loss float32 [B * P], logits float32 [B * P, Vp] with the padded columns at -inf, their logsumexp
+  [B * P], the real columns' mask)."""
   logits = jnp.dot(x_chunk, embedding.T).astype(jnp.float32)
   padded = embedding.shape[0]
   real = None
@@ -172,7 +174,7 @@ def chunked_mean_loss(head: HeadInputs, targets: jax.Array, weights: jax.Array, 
       loss_sum, d_embedding = carry
       x_chunk, t_chunk, w_chunk = (a.reshape(-1, *a.shape[2:]) for a in chunk_inputs)  # [B * P, ...]
       nll, logits, lse, real = _chunk_loss(x_chunk, compute, t_chunk, vocab, smoothing)
-      scale = w_chunk / norm  # [C]
+      scale = w_chunk / norm  # [B * P]
       dz = jnp.exp(logits - lse[:, None]) * scale[:, None]  # softmax (0 at padded ids), minus the labels:
       if smoothing:
         dz = dz - (smoothing / vocab) * (scale[:, None] if real is None else jnp.where(real, scale[:, None], 0.0))

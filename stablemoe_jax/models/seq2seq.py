@@ -10,6 +10,7 @@ Decoding (``decode=True``) feeds one position at a time: the decoder self-attent
 values in the ``cache`` collection; the encoder output and each decoder block's cross-attention keys and
 values (``cross_keys_values``) are computed once per sentence and passed in, so a step projects only its
 own token.
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 

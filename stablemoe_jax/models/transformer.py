@@ -1,4 +1,7 @@
-"""Decoder-only Transformer LM (pre-LayerNorm, learned positions, tied embeddings) with MoE layers."""
+"""Decoder-only Transformer LM (pre-LayerNorm, learned positions, tied embeddings) with MoE layers.
+
+Shape letters: ``models/__init__.py``.
+"""
 from __future__ import annotations
 
 import functools

@@ -58,8 +58,8 @@ def grouped_autodiff_dispatch(x, slots, expert_params, rng, *, expert_fn, num_ex
   row, block_expert = grouped_dispatch.grouped_rows(slots, num_experts, capacity, block_size)
   num_rows = block_expert.shape[0] * block_size
   blocks = buffers_lib.gather_rows(x.reshape(-1, d), buffers_lib.inverse_index(row, num_rows))
-  y = grouped_dispatch._block_experts(expert_fn, num_experts).fun(expert_params, blocks.reshape(-1, block_size, d),
-                                                           block_expert, rng)
+  run_blocks = grouped_dispatch._block_experts(expert_fn, num_experts).fun  # pylint: disable=protected-access
+  y = run_blocks(expert_params, blocks.reshape(-1, block_size, d), block_expert, rng)
   return buffers_lib.gather_rows(y.reshape(num_rows, d), row).reshape(groups, group_size, d)
 
 

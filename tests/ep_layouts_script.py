@@ -86,7 +86,8 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, 
   replicated = sharding_lib.replicated(mesh)
   step = jax.jit(make_train_step(model, tx, config, LanguageModelTask()), in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, replicated))
-  eval_step = jax.jit(make_eval_step(model, LanguageModelTask()), in_shardings=(shardings.params, batch_sharding), out_shardings=replicated)
+  eval_step = jax.jit(make_eval_step(model, LanguageModelTask()), in_shardings=(shardings.params, batch_sharding),
+                      out_shardings=replicated)
   with jax.set_mesh(mesh):
     compiled_step = step.lower(state, batch).compile()
     train_hlo = compiled_step.as_text()

@@ -131,10 +131,10 @@ def test_model_without_a_moe_layer_is_the_dense_model_with_the_same_parameters()
   dense_config = ml_collections.ConfigDict(config.to_dict())
   dense_config.moe.enabled = False
   dense_params = {k: v for k, v in params.items() if k != "moe_0"}
-  dense = jax.jit(TransformerLM(dense_config).apply)({"params": dense_params}, tokens, jnp.array(False))
+  dense = jax.jit(TransformerLM(dense_config).apply)({"params": dense_params}, tokens, jnp.array(False)).logits()
   apply = jax.jit(model.apply)
-  ablated = apply({"params": contribution.without_layer(params, "moe_0")}, tokens, jnp.array(False))
-  full = apply({"params": params}, tokens, jnp.array(False))
+  ablated = apply({"params": contribution.without_layer(params, "moe_0")}, tokens, jnp.array(False)).logits()
+  full = apply({"params": params}, tokens, jnp.array(False)).logits()
   np.testing.assert_allclose(ablated, dense, rtol=1e-6, atol=1e-6)
   assert np.abs(np.asarray(full - dense)).max() > 1e-3
 

@@ -21,6 +21,7 @@ from configs import default
 from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
 from stablemoe_jax.models.transformer import TransformerLM
+from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state
 
@@ -35,7 +36,7 @@ def train_step_seconds(router: str, tokens: int, experts: int, batch: int, repea
   state = create_train_state(model, tx, 0, config.train.seq_len)
   ids = jax.random.randint(jax.random.key(1), (batch, tokens // batch + 1), 0, 10000)
   data = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": jnp.ones(ids[:, 1:].shape)}
-  step = jax.jit(make_train_step(model, tx, config))
+  step = jax.jit(make_train_step(model, tx, config, LanguageModelTask()))
   return time_fn(lambda s: step(s, data)[1]["loss"], state, repeats=repeats)
 
 

@@ -133,9 +133,9 @@ def step_costs(config, params, data, lines, language, beam_size: int, repeats: i
     variants["cross_kv_cached"] = model.apply({"params": params}, encoded, method=model.cross_keys_values)
 
   def step(params, memory, tokens, cache, position):
-    logits, variables = model.apply({"params": params, CACHE: cache}, memory, source, tokens[:, None], stage2,
-                                    decode=True, position=position, method=model.decode, mutable=[CACHE])
-    return jax.nn.log_softmax(logits[:, 0]), variables[CACHE]
+    head, variables = model.apply({"params": params, CACHE: cache}, memory, source, tokens[:, None], stage2,
+                                  decode=True, position=position, method=model.decode, mutable=[CACHE])
+    return jax.nn.log_softmax(head.logits()[:, 0]), variables[CACHE]
 
   tokens = jnp.full((rows,), 5, jnp.int32)
   results = {"rows": rows, "source_len": width, "max_len": max_len}

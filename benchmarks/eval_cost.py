@@ -52,7 +52,8 @@ def main():
     # Zero-initialised output projections would make every expert the identity; give them weights.
     params = jax.tree_util.tree_map_with_path(
         lambda path, p: 0.02 * jax.random.normal(jax.random.key(2), p.shape) if "w_out" in str(path) else p, params)
-    forward = jax.jit(lambda params, tokens, model=model: model.apply({"params": params}, tokens, jnp.array(False)))
+    forward = jax.jit(lambda params, tokens, model=model: model.apply({"params": params}, tokens,
+                                                                      jnp.array(False)).logits())
     results[f"{name}_eval_s"] = time_fn(forward, params, tokens, repeats=args.repeats)
     outputs[name] = forward(params, tokens)
   for name in ("index", "grouped"):

@@ -33,6 +33,7 @@ from stablemoe_jax.experiment.step import jit_train_step
 from stablemoe_jax.models import dispatch as dispatch_lib
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import mesh as mesh_lib
+from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
 
@@ -85,7 +86,7 @@ def train_losses(config: ml_collections.ConfigDict, batches: list[dict]) -> dict
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
   state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, shardings=shardings)
   init = float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(state.params)))
-  step = mesh_lib.under_mesh(mesh, jit_train_step(model, tx, config, mesh, shardings))
+  step = mesh_lib.under_mesh(mesh, jit_train_step(model, tx, config, mesh, shardings, LanguageModelTask()))
   history = []
   for batch in batches:
     state, metrics = step(state, mesh_lib.to_global(mesh_lib.local_rows(batch), mesh))

@@ -29,7 +29,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from stablemoe_jax.models import buffers as buffers_lib
 from stablemoe_jax.models import dispatch
+from stablemoe_jax.models import grouped_dispatch
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.parallel import mesh as mesh_lib
@@ -53,12 +55,12 @@ def grouped_autodiff_dispatch(x, slots, expert_params, rng, *, expert_fn, num_ex
   gradient is a zero-padded [E, ...] tensor added to the accumulator each block."""
   groups, group_size, d = x.shape
   block_size = max(1, min(block_size, groups * group_size, groups * num_experts * capacity))
-  row, block_expert = dispatch.grouped_rows(slots, num_experts, capacity, block_size)
+  row, block_expert = grouped_dispatch.grouped_rows(slots, num_experts, capacity, block_size)
   num_rows = block_expert.shape[0] * block_size
-  blocks = dispatch.gather_rows(x.reshape(-1, d), dispatch._inverse_index(row, num_rows))
-  y = dispatch._block_experts(expert_fn, num_experts).fun(expert_params, blocks.reshape(-1, block_size, d),
-                                                           block_expert, rng)
-  return dispatch.gather_rows(y.reshape(num_rows, d), row).reshape(groups, group_size, d)
+  blocks = buffers_lib.gather_rows(x.reshape(-1, d), buffers_lib.inverse_index(row, num_rows))
+  run_blocks = grouped_dispatch._block_experts(expert_fn, num_experts).fun  # pylint: disable=protected-access
+  y = run_blocks(expert_params, blocks.reshape(-1, block_size, d), block_expert, rng)
+  return buffers_lib.gather_rows(y.reshape(num_rows, d), row).reshape(groups, group_size, d)
 
 
 def main():

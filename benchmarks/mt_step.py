@@ -49,8 +49,8 @@ from stablemoe_jax.decoding.translate_lines import translate_lines
 from stablemoe_jax.decoding.translator import make_translate_fn
 from stablemoe_jax.experiment.loop import Experiment
 from stablemoe_jax.experiment.step import step_rngs
-from stablemoe_jax.models.head import tied_logits
-from stablemoe_jax.train.losses import mean_loss, token_nll
+from stablemoe_jax.models.head import HeadInputs
+from stablemoe_jax.train.losses import head_mean_loss, head_token_nll
 
 # mt_cpu's batching (three length buckets, one pair a row, every test set decoded) against compare_mt_cpu's.
 DEFAULT_CASES = ("buckets3:data.pack_pairs=False,data.length_buckets=3,decode.sets=all;"
@@ -107,15 +107,16 @@ def step_parts(exp: Experiment, batch: dict) -> dict:
 
   encoded = jax.jit(encode)(params)
   hidden = jax.jit(lambda p, e: model.apply({"params": p}, e, source, decoder_inputs, stage1, False,
-                                            head_inputs=True, method=model.decode, rngs=rngs).hidden)(params, encoded)
+                                            method=model.decode, rngs=rngs).hidden)(params, encoded)
   embedding = params["embed"]["embedding"]
   vocab = exp.config.model.vocab_size
 
   encoder = jax.jit(jax.grad(lambda p: jnp.sum(encode(p) * encoded)))
   decoder = jax.jit(jax.grad(lambda p, e: jnp.sum(model.apply(
-      {"params": p}, e, source, decoder_inputs, stage1, False, head_inputs=True, method=model.decode,
+      {"params": p}, e, source, decoder_inputs, stage1, False, method=model.decode,
       rngs=rngs).hidden * hidden), argnums=(0, 1)))
-  head = jax.jit(jax.grad(lambda h, w: task.train_loss(tied_logits(h, w, vocab), batch), argnums=(0, 1)))
+  # The head on whole logits (chunk_tokens 0), whatever model.loss_chunk_tokens says.
+  head = jax.jit(jax.grad(lambda h, w: task.train_loss(HeadInputs(h, w, vocab, 0), batch), argnums=(0, 1)))
   grads = jax.tree.map(jnp.ones_like, params)
   update = jax.jit(lambda g, o, p: exp.tx.update(g, o, p))
   train_step = exp.jit_train_step()
@@ -198,11 +199,11 @@ def loss_check(exp: Experiment, it: batch_lib.MixedPairIterator, params) -> dict
   smoothing = exp.config.train.label_smoothing
 
   def score(batch):
-    logits = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(False), deterministic=True,
+    output = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(False), deterministic=True,
                          **task.model_keywords(batch))
     weights = batch["weights"]
-    return (mean_loss(logits, batch["targets"], weights, smoothing),
-            jnp.sum(token_nll(logits, batch["targets"]) * weights))
+    return (head_mean_loss(output, batch["targets"], weights, smoothing),
+            jnp.sum(head_token_nll(output, batch["targets"]) * weights))
 
   (packed_loss, packed_nll), (alone_loss, alone_nll) = score(packed), score(alone)
   return {"pairs": len(picks), "packed_rows": int(packed["source"].shape[0]), "alone_rows": len(picks),

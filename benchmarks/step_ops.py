@@ -35,6 +35,7 @@ from stablemoe_jax.experiment.config_validation import ConfigError
 from stablemoe_jax.experiment.step import jit_train_step
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import mesh as mesh_lib
+from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
 
@@ -55,7 +56,7 @@ def project_step(base: ml_collections.ConfigDict, overrides: dict, vocab_size: i
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
   state = jax.eval_shape(lambda: create_train_state(model, tx, config.seed, config.train.seq_len))
   batch = synthetic_batch(0, config.train.batch_size, config.train.seq_len, config.model.vocab_size)
-  return config, mesh, jit_train_step(model, tx, config, mesh, shardings), state, batch
+  return config, mesh, jit_train_step(model, tx, config, mesh, shardings, LanguageModelTask()), state, batch
 
 
 def reference_step(config: ml_collections.ConfigDict):

@@ -44,6 +44,7 @@ from stablemoe_jax.models import flops as flops_lib
 from stablemoe_jax.models import routers
 from stablemoe_jax.models.transformer import TransformerLM, attention_implementation, has_moe_layers
 from stablemoe_jax.parallel import mesh as mesh_lib
+from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
 
@@ -162,7 +163,8 @@ def prepare_case(base: ml_collections.ConfigDict, case: Case, vocab_size: int = 
              for i in range(num_batches)]
   start = time.perf_counter()
   with jax.set_mesh(mesh):
-    compiled = jit_train_step(model, tx, config, mesh, shardings).lower(state, batches[0]).compile()
+    step = jit_train_step(model, tx, config, mesh, shardings, LanguageModelTask())
+    compiled = step.lower(state, batches[0]).compile()
   return Prepared(case, config, mesh, state, compiled, batches, time.perf_counter() - start)
 
 

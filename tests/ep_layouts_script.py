@@ -22,11 +22,13 @@ from jax.sharding import PartitionSpec as P
 
 from configs import default
 from stablemoe_jax.experiment.step import make_eval_step, make_train_step, step_rngs, token_nll
+from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models import dispatch
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
+from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
 
@@ -66,8 +68,9 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, 
   summary[f"{name}/batch_spec"] = str(batch["inputs"].sharding.spec)
 
   def loss_and_outputs(params):
-    logits, sown = model.apply({"params": params}, batch["inputs"], jnp.array(True), deterministic=False,
+    output, sown = model.apply({"params": params}, batch["inputs"], jnp.array(True), deterministic=False,
                                rngs=step_rngs(jax.random.key(5)), mutable=[AUX_LOSS, METRICS])
+    logits = output.logits()
     aux = sum(jax.tree.leaves(sown[AUX_LOSS]))
     return jnp.mean(token_nll(logits, batch["targets"])) + aux, (logits, sown)
 
@@ -81,9 +84,10 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, 
 
   batch_sharding = sharding_lib.batch_sharding(mesh)
   replicated = sharding_lib.replicated(mesh)
-  step = jax.jit(make_train_step(model, tx, config), in_shardings=(shardings, batch_sharding),
+  step = jax.jit(make_train_step(model, tx, config, LanguageModelTask()), in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, replicated))
-  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sharding), out_shardings=replicated)
+  eval_step = jax.jit(make_eval_step(model, LanguageModelTask()), in_shardings=(shardings.params, batch_sharding),
+                      out_shardings=replicated)
   with jax.set_mesh(mesh):
     compiled_step = step.lower(state, batch).compile()
     train_hlo = compiled_step.as_text()
@@ -126,7 +130,7 @@ def dispatcher_checks(summary: dict) -> None:
       index = jax.random.randint(jax.random.key(1), (groups, group_size), 0, EXPERTS)
     else:
       index = jnp.zeros((groups, group_size), jnp.int32)
-    slots = dispatch.group_slots(index, EXPERTS, capacity)
+    slots = capacity_lib.group_slots(index, EXPERTS, capacity)
     kw = dict(expert_fn=marker_expert, num_experts=EXPERTS, capacity=capacity)
     with jax.set_mesh(mesh):
       a2a = jax.jit(lambda x, s: dispatch.all_to_all_dispatch(x, s, marker_params, None, **kw))(x, slots)

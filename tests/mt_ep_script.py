@@ -71,9 +71,9 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict) 
   batch = jax.device_put(batch, sharding_lib.batch_sharding(mesh))
 
   def loss_and_outputs(params):
-    logits, sown = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(True), deterministic=False,
+    output, sown = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(True), deterministic=False,
                                rngs=step_rngs(jax.random.key(5)), mutable=[AUX_LOSS, METRICS])
-    return task.train_loss(logits, batch) + sum(jax.tree.leaves(sown[AUX_LOSS])), (logits, sown)
+    return task.train_loss(output, batch) + sum(jax.tree.leaves(sown[AUX_LOSS])), (output.logits(), sown)
 
   grads, (logits, sown) = mesh_lib.under_mesh(mesh, jax.jit(jax.grad(loss_and_outputs, has_aux=True)))(state.params)
   arrays[f"{name}/logits"] = np.asarray(logits)

@@ -60,7 +60,7 @@ def test_chunked_loss_and_gradients_match_numpy(smoothing, chunk, padded):
 
   def loss(x, embedding):
     head = HeadInputs(x, embedding, 21, chunk)
-    per_token = losses.label_smoothed_nll(head, jnp.asarray(targets), smoothing)
+    per_token = losses.head_token_nll(head, jnp.asarray(targets), smoothing)
     return jnp.sum(per_token * weights) / weights.sum(), per_token
 
   (value, per_token), (dx, de) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, embedding)
@@ -77,7 +77,8 @@ def test_chunked_loss_and_gradients_match_numpy(smoothing, chunk, padded):
 def test_fused_mean_loss_and_gradients_match_numpy(smoothing, chunk, padded):
   """Training's loss: the gradients computed in the forward pass, scaled by the cotangent in the backward."""
   x, embedding, targets, weights = _case(padded=padded)
-  loss = lambda x, e: 3.0 * losses.mean_loss(HeadInputs(x, e, 21, chunk), jnp.asarray(targets), weights, smoothing)
+  loss = lambda x, e: 3.0 * losses.head_mean_loss(HeadInputs(x, e, 21, chunk), jnp.asarray(targets), weights,
+                                                  smoothing)
   value, (dx, de) = jax.value_and_grad(loss, argnums=(0, 1))(x, embedding)
   ref_value, _, ref_dx, ref_de = numpy_loss_and_grads(x, embedding, targets, weights, smoothing, 21)
   np.testing.assert_allclose(value, 3.0 * ref_value, **TOL)
@@ -88,20 +89,22 @@ def test_fused_mean_loss_and_gradients_match_numpy(smoothing, chunk, padded):
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_whole_logits_path_matches_numpy(smoothing):
-  """The unchunked path (today's), also with a padded embedding whose extra columns it cuts off."""
+  """The unchunked path (chunk_tokens 0: the whole logits), also with a padded embedding whose extra columns it
+  cuts off; the per-token loss and training's mean loss."""
   x, embedding, targets, weights = _case(padded=32)
+  assert HeadInputs(x, embedding, 21, 0).logits().shape == (37, 21)
 
   def loss(x, embedding):
-    logits = HeadInputs(x, embedding, 21, 0).logits()
-    assert logits.shape == (37, 21)
-    per_token = losses.label_smoothed_nll(logits, jnp.asarray(targets), smoothing)
+    per_token = losses.head_token_nll(HeadInputs(x, embedding, 21, 0), jnp.asarray(targets), smoothing)
     return jnp.sum(per_token * weights) / weights.sum()
 
-  value, (dx, de) = jax.value_and_grad(loss, argnums=(0, 1))(x, embedding)
+  mean_loss = lambda x, e: losses.head_mean_loss(HeadInputs(x, e, 21, 0), jnp.asarray(targets), weights, smoothing)
   ref_value, _, ref_dx, ref_de = numpy_loss_and_grads(x, embedding, targets, weights, smoothing, 21)
-  np.testing.assert_allclose(value, ref_value, **TOL)
-  np.testing.assert_allclose(dx, ref_dx, **TOL)
-  np.testing.assert_allclose(de, ref_de, **TOL)
+  for fn in (loss, mean_loss):
+    value, (dx, de) = jax.value_and_grad(fn, argnums=(0, 1))(x, embedding)
+    np.testing.assert_allclose(value, ref_value, **TOL)
+    np.testing.assert_allclose(dx, ref_dx, **TOL)
+    np.testing.assert_allclose(de, ref_de, **TOL)
 
 
 def test_chunked_losses_in_bfloat16_keep_float32_gradients():
@@ -109,7 +112,7 @@ def test_chunked_losses_in_bfloat16_keep_float32_gradients():
   _, _, _, ref_de = numpy_loss_and_grads(x, embedding, targets, np.ones(64), 0.0, 40)
   bf16 = lambda x, e: HeadInputs(x.astype(jnp.bfloat16), e, 40, 16)
   for loss in (lambda x, e: jnp.mean(chunked_nll(bf16(x, e), jnp.asarray(targets))),
-               lambda x, e: losses.mean_loss(bf16(x, e), jnp.asarray(targets), jnp.ones(64))):
+               lambda x, e: losses.head_mean_loss(bf16(x, e), jnp.asarray(targets), jnp.ones(64))):
     dx, de = jax.grad(loss, argnums=(0, 1))(x, embedding)
     assert de.dtype == jnp.float32 and dx.dtype == jnp.float32
     np.testing.assert_allclose(de, ref_de, rtol=0.05, atol=2e-3)  # bf16 inputs: bf16 tolerance
@@ -180,8 +183,9 @@ def _lm_batch(rows=4, seq=16, vocab=50, seed=1):
 
 def _assert_the_same_training_and_evaluation(model, on_model, task, params, on_params, batch, chunk, vocab):
   """``on_model`` (keys on; ``on_params``: ``params`` padded) against ``model`` (keys off): loss, gradients, sums."""
-  ref_loss, ref_grads = _loss_and_grads(model, task, params, batch, chunked=False)
-  loss, grads = _loss_and_grads(on_model, task, on_params, batch, chunked=chunk > 0)
+  assert (model.config.get("loss_chunk_tokens", 0), on_model.config.get("loss_chunk_tokens", 0)) == (0, chunk)
+  ref_loss, ref_grads = _loss_and_grads(model, task, params, batch)
+  loss, grads = _loss_and_grads(on_model, task, on_params, batch)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
   assert not np.any(grads["embed"]["embedding"][vocab:])
   grads["embed"]["embedding"] = grads["embed"]["embedding"][:vocab]
@@ -192,11 +196,10 @@ def _assert_the_same_training_and_evaluation(model, on_model, task, params, on_p
   assert float(sums["tokens"]) == float(ref_sums["tokens"]) == batch["weights"].sum()
 
 
-def _loss_and_grads(model, task, params, batch, chunked):
-  kwargs = {"head_inputs": True} if chunked else {}
-
+def _loss_and_grads(model, task, params, batch):
+  """The task's training loss of the model's output (whole logits or in chunks, as the model's config says)."""
   def loss(params):
-    out = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(False), deterministic=True, **kwargs)
+    out = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(False), deterministic=True)
     return task.train_loss(out, batch)
   return jax.jit(jax.value_and_grad(loss))(params)
 
@@ -221,7 +224,7 @@ def test_lm_loss_gradients_and_eval_sums_with_the_keys_on(chunk, multiple):
   on_params = _pad_params(params, padded_vocab_size(on_config.model)) if multiple else params
   _assert_the_same_training_and_evaluation(model, on_model, task, params, on_params, batch, chunk, 50)
   if multiple:  # the logits the models return (analysis, decoding) have V columns; argmax is never a padded id
-    logits = on_model.apply({"params": on_params}, batch["inputs"], jnp.array(False))
+    logits = on_model.apply({"params": on_params}, batch["inputs"], jnp.array(False)).logits()
     assert logits.shape[-1] == 50 and int(jnp.argmax(logits, -1).max()) < 50
 
 

@@ -274,7 +274,7 @@ def test_xmoe_trains_with_the_norm_held_every_step_and_the_freeze_intact(tiny_co
   share_prepared_ptb(prepared_ptb, tmp_path)
   exp = loop.Experiment(config, tmp_path)
   state = exp.init_state()
-  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config))
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))
   batches = exp.data.train_iterator(4, 16, seed=0)
   centroids, distilled, losses = [], [], []
   for _ in range(6):

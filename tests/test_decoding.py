@@ -35,10 +35,10 @@ def test_beam_size_one_is_greedy_search():
                                                   jnp.array(False), decode=True)["cache"])
 
   def step_fn(tokens, cache, position):
-    logits, variables = model.apply({"params": params, "cache": cache}, encoded, SOURCE, tokens[:, None],
-                                    jnp.array(False), decode=True, position=position, method=model.decode,
-                                    mutable=["cache"])
-    return jax.nn.log_softmax(logits[:, 0]), variables["cache"]
+    head, variables = model.apply({"params": params, "cache": cache}, encoded, SOURCE, tokens[:, None],
+                                  jnp.array(False), decode=True, position=position, method=model.decode,
+                                  mutable=["cache"])
+    return jax.nn.log_softmax(head.logits()[:, 0]), variables["cache"]
 
   # beam search itself with K = 1 (make_translate_fn would run greedy search for it)
   seqs, scores = search.beam_search(step_fn, cache, 2, 1, 12, BOS_ID, EOS_ID, PAD_ID, FORBIDDEN_IDS, 0.7)
@@ -55,7 +55,7 @@ def _brute_force_best(model, params, source, vocab_size: int, max_len: int, leng
   for i, c in enumerate(candidates):
     decoder_inputs[i, :len(c)] = [BOS_ID] + c[:-1]
   sources = jnp.repeat(source[None], len(candidates), axis=0)
-  forward = jax.jit(lambda p, s, d: model.apply({"params": p}, s, d, jnp.array(False)))
+  forward = jax.jit(lambda p, s, d: model.apply({"params": p}, s, d, jnp.array(False)).logits())
   log_probs = jax.nn.log_softmax(forward(params, sources, decoder_inputs))
   scores = [sum(float(log_probs[i, j, t]) for j, t in enumerate(c)) / len(c)**length_penalty
             for i, c in enumerate(candidates)]

@@ -10,7 +10,8 @@ import pytest
 from conftest import jit_init
 
 from configs import default
-from stablemoe_jax.models import deepseek_router, dispatch, routers
+from stablemoe_jax.models import capacity as capacity_lib
+from stablemoe_jax.models import deepseek_router, routers
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.routing import METRICS
 
@@ -119,7 +120,7 @@ def test_layer_against_the_per_token_loop_with_capacity():
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   h = np.asarray(x, np.float64).reshape(24, D)
   choices, gates = hand_route(p["router"]["centroids"], p["router"]["expert_bias"], h, 2, 1.5)
-  capacity = dispatch.expert_capacity(24, E, 0.75)
+  capacity = capacity_lib.expert_capacity(24, E, 0.75)
   load, want = np.zeros(E, int), h.copy()
   for j in range(2):  # every first choice, then every second choice
     for t in range(24):
@@ -203,7 +204,7 @@ def test_train_step_moves_the_bias_by_the_steps_load_and_the_optimizer_never_doe
   tiny_config.model.moe.shared_experts = 1
   exp = loop.Experiment(tiny_config, tmp_path)
   state = exp.init_state()
-  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config))
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))
   batches = exp.data.train_iterator(4, 16, seed=0)
   bias = np.zeros(4, np.float32)
   initial = jax.device_get(state.params)

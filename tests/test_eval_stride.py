@@ -66,7 +66,7 @@ def test_sliding_evaluation_equals_a_per_window_reference(tiny_config, prepared_
 
   # The reference: one window at a time, scoring only the predictions no earlier window scored.
   stream = exp.data.stream("valid")
-  apply = jax.jit(lambda p, x: exp.model.apply({"params": p}, x, np.array(False), deterministic=True))
+  apply = jax.jit(lambda p, x: exp.model.apply({"params": p}, x, np.array(False), deterministic=True).logits())
   nll, count, scored_up_to = 0.0, 0, 0  # predictions of input positions < scored_up_to are done
   for window in range(batch_size * max_batches):
     start = window * stride

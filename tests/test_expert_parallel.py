@@ -22,7 +22,7 @@ from conftest import MAIN, REPO, make_tiny_config, share_prepared_ptb, xla_flags
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.experiment.step import step_rngs
-from stablemoe_jax.models import dispatch
+from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.parallel.mesh import check_layout
 
 LAYOUTS = ("expert4", "data2_expert2")  # compared with "one_device"
@@ -131,15 +131,15 @@ def test_token_shuffle_drops_random_tokens_but_exactly_capacity_per_group():
   index = jnp.zeros((groups, group_size), jnp.int32)  # every token wants expert 0
   kept_sets = []
   for step in range(3):
-    slots = dispatch.group_slots(index, experts, capacity, jax.random.fold_in(jax.random.key(0), step))
+    slots = capacity_lib.group_slots(index, experts, capacity, jax.random.fold_in(jax.random.key(0), step))
     kept = np.asarray(slots < experts * capacity)
     np.testing.assert_array_equal(kept.sum(axis=1), [capacity] * groups)
     assert sorted(np.asarray(slots)[kept].reshape(groups, capacity)[0].tolist()) == list(range(capacity))
     kept_sets.append(kept)
   assert not np.array_equal(kept_sets[0], kept_sets[1]) and not np.array_equal(kept_sets[1], kept_sets[2])
-  again = dispatch.group_slots(index, experts, capacity, jax.random.fold_in(jax.random.key(0), 0))
+  again = capacity_lib.group_slots(index, experts, capacity, jax.random.fold_in(jax.random.key(0), 0))
   np.testing.assert_array_equal(np.asarray(again) < experts * capacity, kept_sets[0])  # same seed and step
-  unshuffled = np.asarray(dispatch.group_slots(index, experts, capacity)) < experts * capacity
+  unshuffled = np.asarray(capacity_lib.group_slots(index, experts, capacity)) < experts * capacity
   assert np.all(unshuffled[:, :capacity]) and not np.any(unshuffled[:, capacity:])
 
 

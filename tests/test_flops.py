@@ -29,7 +29,7 @@ def _model_config(moe: bool, num_layers: int = 2, affinity: str = "dot"):
 
 def _xla_flops_per_token(model, params) -> float:
   tokens = jnp.zeros((BATCH, SEQ), jnp.int32)
-  forward = lambda p, x: model.apply({"params": p}, x, jnp.array(False), deterministic=True)
+  forward = lambda p, x: model.apply({"params": p}, x, jnp.array(False), deterministic=True).logits()
   cost = jax.jit(forward).lower(params, tokens).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return cost["flops"] / (BATCH * SEQ)

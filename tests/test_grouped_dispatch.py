@@ -10,7 +10,10 @@ from test_moe import init_layer, moe_config, randomized
 
 from configs import default
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
+from stablemoe_jax.models import buffers as buffers_lib
+from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models import dispatch, experts
+from stablemoe_jax.models import grouped_dispatch
 
 E, S, D, FF = 4, 2, 8, 16
 
@@ -73,8 +76,8 @@ def test_grouped_equals_index_and_a_per_token_loop(groups, group_size, capacity_
   expert_index = jax.random.randint(jax.random.key(2), (groups, group_size), 0, E)
   # ceil(cf * Tg / E) by hand: 3 (10 tokens, not divisible), 6, and no limit (cf 0)
   capacity = {1.0: -(-group_size // E), 2.0: -(-2 * group_size // E), 0.0: group_size}[capacity_factor]
-  assert dispatch.expert_capacity(group_size, E, capacity_factor) == capacity
-  slots = dispatch.group_slots(expert_index, E, capacity)
+  assert capacity_lib.expert_capacity(group_size, E, capacity_factor) == capacity
+  slots = capacity_lib.group_slots(expert_index, E, capacity)
   if capacity_factor == 1.0:
     assert np.any(np.asarray(slots) == E * capacity)  # some tokens are dropped
   out = assert_same_as_index(x, slots, params, capacity, block_size=block_size)
@@ -91,8 +94,8 @@ def test_worst_block_padding_is_still_exact(case):
     expert_index = jax.random.permutation(jax.random.key(3), jnp.repeat(jnp.arange(E), block + 1))[None]
   groups, group_size = expert_index.shape
   capacity = group_size  # nothing dropped
-  slots = dispatch.group_slots(expert_index, E, capacity)
-  row, block_expert = dispatch.grouped_rows(slots, E, capacity, block)
+  slots = capacity_lib.group_slots(expert_index, E, capacity)
+  row, block_expert = grouped_dispatch.grouped_rows(slots, E, capacity, block)
   used = np.asarray(block_expert)[np.asarray(block_expert) < E]
   want = [2] * 5 if case == "all_to_one_expert" else np.repeat(np.arange(E), 2)
   np.testing.assert_array_equal(used, want)
@@ -105,7 +108,7 @@ def test_worst_block_padding_is_still_exact(case):
 
 def test_block_bound_is_tight_and_within_the_round_up_bound():
   for kept, experts_, block in [(4096, 8, 128), (20, 4, 4), (3, 8, 2), (1, 1, 1), (100, 7, 16)]:
-    bound = dispatch.max_blocks(kept, experts_, block)
+    bound = grouped_dispatch.max_blocks(kept, experts_, block)
     assert bound * block <= -(-(kept + experts_ * (block - 1)) // block) * block
     busy = min(kept, experts_)  # one token on each busy expert but the first, the rest on the first
     counts = [kept - busy + 1] + [1] * (busy - 1)
@@ -117,16 +120,16 @@ def test_gather_custom_vjp_gradient_equals_the_scatter_add_one():
   slots = jnp.array([5, 12, 0, 3, 12, 11, 7], jnp.int32)  # 12 = E * C: dropped
   ct = jax.random.normal(jax.random.key(1), (7, D))
   plain = lambda y: jnp.concatenate([y.reshape(-1, D), jnp.zeros((1, D))])[slots]
-  got = jax.grad(lambda y: jnp.sum(dispatch.gather_from_buffers(y, slots) * ct))(y)
+  got = jax.grad(lambda y: jnp.sum(buffers_lib.gather_from_buffers(y, slots) * ct))(y)
   want = jax.grad(lambda y: jnp.sum(plain(y) * ct))(y)
-  np.testing.assert_array_equal(dispatch.gather_from_buffers(y, slots), plain(y))
+  np.testing.assert_array_equal(buffers_lib.gather_from_buffers(y, slots), plain(y))
   np.testing.assert_allclose(got, want)
   assert np.all(np.asarray(got).reshape(-1, D)[[1, 2, 4, 6, 8, 9, 10]] == 0)  # empty slots: zero
 
 
 def test_grouped_backward_has_no_scatter_add():
   params, x = expert_params(), jax.random.normal(jax.random.key(1), (1, 16, D))
-  slots = dispatch.group_slots(jax.random.randint(jax.random.key(2), (1, 16), 0, E), E, 16)
+  slots = capacity_lib.group_slots(jax.random.randint(jax.random.key(2), (1, 16), 0, E), E, 16)
   grad = jax.jit(jax.grad(lambda p, x: jnp.sum(run("grouped", x, slots, p, 16, block_size=4) ** 2), (0, 1)))
   scatters = grad.lower(params, x).as_text().split('stablehlo.scatter"')[1:]
   assert scatters  # the inverse maps token <-> row ...
@@ -140,7 +143,7 @@ def test_block_experts_custom_vjp_equals_autodiff_of_its_forward(dropout):
   params, blocks = expert_params(), jax.random.normal(jax.random.key(1), (5, 3, D))
   block_expert = jnp.array([1, 1, 3, 0, E], jnp.int32)  # the last block unused
   fn = functools.partial(experts.apply_ffn_experts, dropout=dropout)
-  runner = dispatch._block_experts(fn, E)
+  runner = grouped_dispatch._block_experts(fn, E)
   rng = jax.random.key(7) if dropout else None
   ct = jax.random.normal(jax.random.key(2), blocks.shape)
   loss = lambda f: lambda p, b: jnp.sum(f(p, b, block_expert, rng) * ct)
@@ -158,7 +161,7 @@ def test_block_experts_custom_vjp_equals_autodiff_of_its_forward(dropout):
 @pytest.mark.parametrize("eval_capacity_factor", [0.0, 1.0])
 def test_no_drop_evaluation_uses_grouped_and_equals_index(eval_capacity_factor, monkeypatch):
   calls = []
-  grouped = dispatch.grouped_dispatch
+  grouped = grouped_dispatch.grouped_dispatch
   monkeypatch.setattr(dispatch, "grouped_dispatch", lambda *a, **k: calls.append(1) or grouped(*a, **k))
   outs = {}
   for eval_dispatcher in ("auto", "index", "grouped"):

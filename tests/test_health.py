@@ -131,10 +131,10 @@ def test_model_without_a_moe_layer_is_the_dense_model_with_the_same_parameters()
   dense_config = ml_collections.ConfigDict(config.to_dict())
   dense_config.moe.enabled = False
   dense_params = {k: v for k, v in params.items() if k != "moe_0"}
-  dense = jax.jit(TransformerLM(dense_config).apply)({"params": dense_params}, tokens, jnp.array(False))
+  dense = jax.jit(TransformerLM(dense_config).apply)({"params": dense_params}, tokens, jnp.array(False)).logits()
   apply = jax.jit(model.apply)
-  ablated = apply({"params": contribution.without_layer(params, "moe_0")}, tokens, jnp.array(False))
-  full = apply({"params": params}, tokens, jnp.array(False))
+  ablated = apply({"params": contribution.without_layer(params, "moe_0")}, tokens, jnp.array(False)).logits()
+  full = apply({"params": params}, tokens, jnp.array(False)).logits()
   np.testing.assert_allclose(ablated, dense, rtol=1e-6, atol=1e-6)
   assert np.abs(np.asarray(full - dense)).max() > 1e-3
 
@@ -145,7 +145,7 @@ def test_contribution_is_exactly_zero_for_zero_experts_and_not_otherwise():
 
   @jax.jit
   def loss(p):
-    return jnp.mean(token_nll(model.apply({"params": p}, tokens, jnp.array(False)), targets))
+    return jnp.mean(token_nll(model.apply({"params": p}, tokens, jnp.array(False)).logits(), targets))
 
   def evaluate(p, max_batches):
     value = float(loss(p))
@@ -169,7 +169,7 @@ def test_contribution_is_exactly_zero_for_zero_experts_and_not_otherwise():
 def test_a_zeroed_expert_layer_is_dead_by_its_contribution():
   _, model, params, tokens = _lm_and_batch()
   params = _noise(params, 0.2, base=params)
-  apply = jax.jit(lambda p: model.apply({"params": p}, tokens, jnp.array(False)))
+  apply = jax.jit(lambda p: model.apply({"params": p}, tokens, jnp.array(False)).logits())
   targets = jnp.argmax(apply(params), axis=-1)  # what the whole model predicts: its layer is needed to fit them
   loss = jax.jit(lambda p: jnp.mean(token_nll(apply(p), targets)))
 

@@ -272,7 +272,7 @@ def test_guard_is_silent_on_the_defaults_first_steps_where_the_gate_is_alive(ptb
   config.health.update(patience=1, after_step=0)  # strictest: any single collapsed window would be flagged
   exp = loop.Experiment(config, _workdir(tmp_path, shared_data))
   state = exp.init_state()
-  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config))
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))
   batches = exp.train_batches()
   guard = health.CollapseGuard(health.GuardSettings.from_config(exp.config))
   for step in range(1, 13):

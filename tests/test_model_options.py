@@ -62,11 +62,11 @@ def _loss_and_grads(config, params):
 
   def loss_fn(params):
     rng = jax.random.key(3)
-    logits, sown = model.apply({"params": params}, tokens, jnp.array(True), deterministic=False,
+    output, sown = model.apply({"params": params}, tokens, jnp.array(True), deterministic=False,
                                rngs={"dropout": rng, SHUFFLE_RNG: jax.random.fold_in(rng, 1)},
                                mutable=[AUX_LOSS, METRICS])
     aux = sum(jax.tree.leaves(sown[AUX_LOSS]))
-    return jnp.mean(token_nll(logits, jnp.roll(tokens, -1, axis=1))) + aux
+    return jnp.mean(token_nll(output.logits(), jnp.roll(tokens, -1, axis=1))) + aux
 
   return jax.jit(jax.value_and_grad(loss_fn))(params)
 
@@ -98,7 +98,9 @@ def test_bfloat16_model_keeps_float32_params_router_logits_logits_and_losses():
   apply = jax.jit(lambda params, tokens: model.apply(
       {"params": params}, tokens, jnp.array(True), deterministic=False, rngs={"dropout": rng, SHUFFLE_RNG: rng},
       mutable=[AUX_LOSS, METRICS, "intermediates"], capture_intermediates=True))
-  logits, state = apply(params, _tokens())
+  output, state = apply(params, _tokens())
+  logits = output.logits()
+  assert output.hidden.dtype == jnp.bfloat16 and output.embedding.dtype == jnp.float32
   assert logits.dtype == jnp.float32
   inter = state["intermediates"]
   router = inter["moe_0"]["router"]

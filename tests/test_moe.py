@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from conftest import jit_init
 
-from stablemoe_jax.models import dispatch
+from stablemoe_jax.models import buffers as buffers_lib
+from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models.learned_router import DISTILLED_ROUTER_DEFAULTS
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.routing import stablemoe_balance_loss
@@ -79,7 +80,7 @@ def test_expert_capacity_hand_computed_on_non_divisible_cases():
   # ceil(cf * T / N), at least 1, at most T; cf <= 0: T. Hand values, most of them where T / N is not whole.
   cases = {(10, 4, 1.0): 3, (10, 4, 2.0): 5, (7, 3, 1.0): 3, (12, 8, 1.25): 2, (24, 4, 0.75): 5, (8, 4, 0.75): 2,
            (6, 4, 0.1): 1, (5, 2, 4.0): 5, (9, 4, 0.0): 9, (16, 4, 1.0): 4}
-  assert {k: dispatch.expert_capacity(*k) for k in cases} == cases
+  assert {k: capacity_lib.expert_capacity(*k) for k in cases} == cases
 
 
 @pytest.mark.parametrize("stage1", [True, False])
@@ -184,8 +185,8 @@ def test_index_dispatch_matches_one_hot_reference_per_group(shuffle):
   idx = jax.random.randint(jax.random.key(0), (groups, group_size), 0, experts)
   x = jax.random.normal(jax.random.key(1), (groups, group_size, 3))
   rng = jax.random.key(7) if shuffle else None
-  slots = dispatch.group_slots(idx, experts, capacity, rng)
-  buffers = jax.vmap(dispatch.scatter_to_buffers, in_axes=(0, 0, None, None))(x, slots, experts, capacity)
+  slots = capacity_lib.group_slots(idx, experts, capacity, rng)
+  buffers = jax.vmap(buffers_lib.scatter_to_buffers, in_axes=(0, 0, None, None))(x, slots, experts, capacity)
   # One-hot reference [G, T, E, C]: position = how many tokens before it, in the (shuffled) order, chose its expert.
   mask = np.zeros((groups, group_size, experts, capacity))
   for g in range(groups):
@@ -198,7 +199,7 @@ def test_index_dispatch_matches_one_hot_reference_per_group(shuffle):
       seen[e] += 1
   np.testing.assert_allclose(buffers, np.einsum("gtec,gtd->gecd", mask, x), atol=1e-6)
   y = jax.random.normal(jax.random.key(2), (groups, experts, capacity, 3))
-  np.testing.assert_allclose(jax.vmap(dispatch.gather_from_buffers)(y, slots), np.einsum("gtec,gecd->gtd", mask, y),
+  np.testing.assert_allclose(jax.vmap(buffers_lib.gather_from_buffers)(y, slots), np.einsum("gtec,gecd->gtd", mask, y),
                              atol=1e-6)
   np.testing.assert_array_equal(slots < experts * capacity, mask.sum((2, 3)) == 1)
 

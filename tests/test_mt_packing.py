@@ -122,7 +122,7 @@ def _scores(model, params, batch):
   """Per-position NLL [B, St] and the label-smoothed mean loss of ``batch`` (no dropout, inference routing)."""
   keywords = {k: batch[k] for k in batch_lib.PACKING_KEYS if k in batch}
   logits = model.apply({"params": params}, batch["source"], batch["decoder_inputs"], jnp.array(False),
-                       deterministic=True, **keywords)
+                       deterministic=True, **keywords).logits()
   return token_nll(logits, batch["targets"]), mean_loss(logits, batch["targets"], batch["weights"], 0.1)
 
 

@@ -7,6 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from stablemoe_jax.models.head import HeadInputs
 from stablemoe_jax.tasks.translation import TranslationTask
 from stablemoe_jax.train import losses
 from stablemoe_jax.train.optimizer import learning_rate_schedule
@@ -35,12 +36,16 @@ def test_translation_train_loss_uses_the_configs_label_smoothing_and_weights():
   config = ml_collections.ConfigDict({"train": {"label_smoothing": 0.1}})
   batch = {"targets": jnp.asarray(TARGETS), "weights": jnp.asarray([[1.0, 1.0, 0.0]], jnp.float32)}
   task = TranslationTask(config)
-  # The third position is padding (weight 0): the mean of the first two.
-  assert float(task.train_loss(jnp.asarray(LOGITS), batch)) == pytest.approx((SMOOTHED[0] + SMOOTHED[1]) / 2, rel=1e-6)
-  # Evaluation scores the plain NLL, summed.
-  sums = task.eval_sums(jnp.asarray(LOGITS), batch)
-  assert float(sums["nll_sum"]) == pytest.approx(PLAIN[0] + PLAIN[1], rel=1e-6)
-  assert float(sums["tokens"]) == 2.0
+  # The model's output whose logits are LOGITS: hidden states LOGITS against an identity embedding; the head on
+  # whole logits (chunk_tokens 0) and in chunks of 2 tokens.
+  for chunk_tokens in (0, 2):
+    output = HeadInputs(jnp.asarray(LOGITS), jnp.eye(3, dtype=jnp.float32), 3, chunk_tokens)
+    # The third position is padding (weight 0): the mean of the first two.
+    assert float(task.train_loss(output, batch)) == pytest.approx((SMOOTHED[0] + SMOOTHED[1]) / 2, rel=1e-6)
+    # Evaluation scores the plain NLL, summed.
+    sums = task.eval_sums(output, batch)
+    assert float(sums["nll_sum"]) == pytest.approx(PLAIN[0] + PLAIN[1], rel=1e-6)
+    assert float(sums["tokens"]) == 2.0
 
 
 # fairseq's inverse_sqrt with peak 1e-3 and 4 warmup steps, at optimizer update count c:

@@ -11,6 +11,7 @@ from configs import default
 from stablemoe_jax.compare import methods
 from stablemoe_jax.experiment.step import make_eval_step
 from stablemoe_jax.models.transformer import TransformerLM
+from stablemoe_jax.tasks.lm import LanguageModelTask
 
 
 def _model_and_batch():
@@ -30,7 +31,7 @@ def _model_and_batch():
 def _nll_sum(model, params, batch, in_stage1: bool) -> float:
   """The summed NLL by hand: log-softmax of the model's logits under the given routing, at the targets."""
   logits = jax.jit(model.apply, static_argnames="deterministic")({"params": params}, batch["inputs"],
-                                                                  jnp.array(in_stage1), deterministic=True)
+                                                                  jnp.array(in_stage1), deterministic=True).logits()
   log_probs = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float64), axis=-1))
   return float(-np.take_along_axis(log_probs, batch["targets"][..., None], axis=-1).sum())
 
@@ -40,7 +41,7 @@ def test_stage1_only_evaluates_with_the_learned_routing_and_the_default_with_the
   learned, distilled = _nll_sum(model, params, batch, True), _nll_sum(model, params, batch, False)
   assert abs(learned - distilled) > 1e-3  # the two routings differ on this batch
   for stage1_only, expected in ((True, learned), (False, distilled)):
-    sums = jax.jit(make_eval_step(model, stage1_only=stage1_only))(params, batch)
+    sums = jax.jit(make_eval_step(model, LanguageModelTask(), stage1_only=stage1_only))(params, batch)
     np.testing.assert_allclose(float(sums["nll_sum"]), expected, rtol=1e-5)
 
 

@@ -12,7 +12,7 @@ from conftest import jit_init
 from mt_fixtures import tiny_model_config
 from test_moe import D, E, FF, SUB, VOCAB, moe_config, per_token_reference, randomized
 
-from stablemoe_jax.models import dispatch
+from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS, expert_load, routing_health, stablemoe_balance_loss
 from stablemoe_jax.models.seq2seq import PAD_ID, TransformerSeq2Seq
@@ -54,7 +54,7 @@ def test_padding_takes_no_slot_and_real_tokens_keep_theirs(shuffle):
   index = jnp.asarray([[0, 0, 0, 1, 0, 0, 2, 1]], jnp.int32)
   valid = jnp.asarray([[False, False, False, True, True, True, True, False]])
   rng = jax.random.key(3) if shuffle else None
-  slots = np.asarray(dispatch.group_slots(index, experts, capacity, rng, valid))[0]
+  slots = np.asarray(capacity_lib.group_slots(index, experts, capacity, rng, valid))[0]
   sentinel = experts * capacity
   assert np.all(slots[~np.asarray(valid[0])] == sentinel)
   real = np.asarray(valid[0])
@@ -62,7 +62,7 @@ def test_padding_takes_no_slot_and_real_tokens_keep_theirs(shuffle):
   assert np.all(slots[real] < sentinel)
   assert len(set(slots[real].tolist())) == real.sum()  # distinct slots
   np.testing.assert_array_equal(slots[real] // capacity, np.asarray(index[0])[real])
-  unmasked = np.asarray(dispatch.group_slots(index, experts, capacity))[0]
+  unmasked = np.asarray(capacity_lib.group_slots(index, experts, capacity))[0]
   assert np.sum(unmasked[real] == sentinel) == 2  # the defect this fixes
 
 
@@ -78,8 +78,8 @@ def test_moe_layer_with_padding_against_the_per_token_loop_of_its_real_tokens():
   out, sown = layer.apply({"params": params}, x, ids, stage1, False, token_mask=mask, mutable=[METRICS, AUX_LOSS])
   real = np.asarray(mask).reshape(-1)
   flat_x, flat_ids = np.asarray(x).reshape(-1, D), np.asarray(ids).reshape(-1)
-  capacity = dispatch.expert_capacity(12, E, 0.66)
-  assert capacity == dispatch.expert_capacity(int(mask.sum()), E, 0.66) == 2  # the same with padding removed
+  capacity = capacity_lib.expert_capacity(12, E, 0.66)
+  assert capacity == capacity_lib.expert_capacity(int(mask.sum()), E, 0.66) == 2  # the same with padding removed
   want = per_token_reference(params, flat_x[real], flat_ids[real], True, capacity)
   got = np.asarray(out).reshape(-1, D)
   np.testing.assert_allclose(got[real], want, rtol=2e-5, atol=2e-5)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from conftest import jit_init
 
-from stablemoe_jax.models import dispatch, routers
+from stablemoe_jax.models import capacity as capacity_lib
+from stablemoe_jax.models import routers
 from stablemoe_jax.models.learned_router import DISTILLED_ROUTER_DEFAULTS
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS, ROUTING
@@ -115,7 +116,7 @@ def test_choice_slots_fill_first_choices_before_second_ones_by_hand():
   # (slot 1), t2 -> 0 (full: dropped), t3 -> 1 (slot 2). Then the second choices: t0 -> 1 (slot 3), t1 -> 2
   # (slot 4), t2 -> 1 (full), t3 -> 0 (full).
   index = jnp.asarray([[[0, 1], [0, 2], [0, 1], [1, 0]]])
-  slots = np.asarray(dispatch.choice_slots(index, E, 2))[0]
+  slots = np.asarray(capacity_lib.choice_slots(index, E, 2))[0]
   np.testing.assert_array_equal(slots, [[0, 3], [1, 4], [8, 8], [2, 8]])
   np.testing.assert_array_equal(slots, hand_choice_slots(np.asarray(index[0]), 2))
 
@@ -125,13 +126,13 @@ def test_choice_slots_against_the_hand_loop_with_padding_and_k1_equal_to_group_s
   rng = np.random.default_rng(0)
   index = np.stack([rng.permutation(E)[:3] for _ in range(2 * 12)]).reshape(2, 12, 3)
   valid = rng.random((2, 12)) > 0.25
-  got = np.asarray(dispatch.choice_slots(jnp.asarray(index), E, capacity, valid=jnp.asarray(valid)))
+  got = np.asarray(capacity_lib.choice_slots(jnp.asarray(index), E, capacity, valid=jnp.asarray(valid)))
   for g in range(2):
     np.testing.assert_array_equal(got[g], hand_choice_slots(index[g], capacity, valid[g]))
   key = jax.random.key(3)
   np.testing.assert_array_equal(  # k = 1 is group_slots, shuffle included
-      np.asarray(dispatch.choice_slots(jnp.asarray(index[..., :1]), E, capacity, key))[..., 0],
-      np.asarray(dispatch.group_slots(jnp.asarray(index[..., 0]), E, capacity, key)))
+      np.asarray(capacity_lib.choice_slots(jnp.asarray(index[..., :1]), E, capacity, key))[..., 0],
+      np.asarray(capacity_lib.group_slots(jnp.asarray(index[..., 0]), E, capacity, key)))
 
 
 def test_shuffled_choice_slots_keep_the_first_choices_first():
@@ -140,7 +141,7 @@ def test_shuffled_choice_slots_keep_the_first_choices_first():
   rng = np.random.default_rng(1)
   index = np.stack([rng.permutation(E)[:2] for _ in range(16)]).reshape(1, 16, 2)
   key = jax.random.key(5)
-  got = np.asarray(dispatch.choice_slots(jnp.asarray(index), E, 3, key))[0]
+  got = np.asarray(capacity_lib.choice_slots(jnp.asarray(index), E, 3, key))[0]
   order = np.asarray(jax.random.permutation(jax.random.fold_in(key, 0), 16))
   np.testing.assert_array_equal(got[order], hand_choice_slots(index[0][order], 3))
 
@@ -173,7 +174,7 @@ def test_top2_layer_matches_the_hand_loop(capacity_factor, num_groups, dispatche
   got, sown = layer.apply({"params": params}, x, ids, jnp.array(True), deterministic=False,
                           mutable=[METRICS, AUX_LOSS, ROUTING])
   group = 24 // num_groups
-  capacity = dispatch.expert_capacity(group, E, capacity_factor)
+  capacity = capacity_lib.expert_capacity(group, E, capacity_factor)
   want, choices, gates, kept = hand_topk_layer(params, np.asarray(x, np.float64).reshape(24, D), 2, capacity,
                                                num_groups)
   assert capacity_factor == 0.0 or not kept.all()  # some choices are dropped: capacity counts choices
@@ -203,7 +204,7 @@ def test_shared_experts_add_their_ffns_to_the_routed_output(router, top_k):
   want = np.stack([np_ffn_stack(p, 0, h[t]) + np_ffn_stack(p, 1, h[t]) for t in range(24)])
   np.testing.assert_allclose(with_shared - without, want, rtol=2e-4, atol=2e-4)
   if router == "switch" and top_k == 2:  # and the whole output against the hand loop
-    full, *_ = hand_topk_layer(params, h, 2, dispatch.expert_capacity(24, E, 2.0), shared=2)
+    full, *_ = hand_topk_layer(params, h, 2, capacity_lib.expert_capacity(24, E, 2.0), shared=2)
     np.testing.assert_allclose(with_shared, full, rtol=2e-4, atol=2e-4)
 
 

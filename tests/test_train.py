@@ -25,7 +25,7 @@ def test_distilled_router_frozen_bit_for_bit_over_stage2_while_gate_learns(tiny_
   share_prepared_ptb(prepared_ptb, tmp_path)
   exp = loop.Experiment(tiny_config, tmp_path)
   state = exp.init_state()
-  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config))
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))
   batches = exp.data.train_iterator(4, 16, seed=0)
   history = [jax.device_get(state.params)]
   stages = []

@@ -44,9 +44,9 @@ def _decode_step_by_step(model, params, mutable=(CACHE,), cross_cache: bool = Tr
       method=model.decode, mutable=list(mutable)))
   logits, sown = [], []
   for i in range(DECODER_INPUTS.shape[1]):
-    step_logits, variables = step(cache, DECODER_INPUTS[:, i:i + 1], jnp.int32(i))
+    step_head, variables = step(cache, DECODER_INPUTS[:, i:i + 1], jnp.int32(i))
     cache = variables[CACHE]
-    logits.append(step_logits)
+    logits.append(step_head.logits())
     sown.append(variables)
   return jnp.concatenate(logits, axis=1), sown
 
@@ -54,7 +54,7 @@ def _decode_step_by_step(model, params, mutable=(CACHE,), cross_cache: bool = Tr
 @pytest.mark.slow
 def test_cached_decoding_gives_the_logits_of_the_full_forward():
   model, params = _model_and_params()
-  full = jax.jit(lambda p: model.apply({"params": p}, SOURCE, DECODER_INPUTS, STAGE2))(params)
+  full = jax.jit(lambda p: model.apply({"params": p}, SOURCE, DECODER_INPUTS, STAGE2).logits())(params)
   for cross_cache in (True, False):  # cross-attention keys/values computed once, or projected at every step
     cached, _ = _decode_step_by_step(model, params, cross_cache=cross_cache)
     np.testing.assert_allclose(cached, full, atol=2e-5)
@@ -93,8 +93,8 @@ def test_parameter_tree_is_the_one_checkpoints_were_written_with():
 def test_source_padding_does_not_change_the_output():
   model, params = _model_and_params()
   longer = jnp.pad(SOURCE, ((0, 0), (0, 3)))  # three more pad positions
-  np.testing.assert_allclose(model.apply({"params": params}, longer, DECODER_INPUTS, STAGE2),
-                             model.apply({"params": params}, SOURCE, DECODER_INPUTS, STAGE2), atol=1e-5)
+  np.testing.assert_allclose(model.apply({"params": params}, longer, DECODER_INPUTS, STAGE2).logits(),
+                             model.apply({"params": params}, SOURCE, DECODER_INPUTS, STAGE2).logits(), atol=1e-5)
 
 
 def test_encoder_router_reads_source_ids_and_decoder_router_reads_decoder_inputs():

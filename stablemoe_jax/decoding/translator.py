@@ -62,9 +62,9 @@ def make_translate_fn(model_config, beam_size: int, max_len: int, length_penalty
     cache = empty_decode_cache(model, source, max_len, stage2)  # [rows, ...]: source is repeated over the beams
 
     def step_fn(tokens, cache, position):
-      logits, variables = model.apply({"params": params, CACHE: cache}, cross, source, tokens[:, None], stage2,
-                                      decode=True, position=position, method=model.decode, mutable=[CACHE])
-      return jax.nn.log_softmax(logits[:, 0]), variables[CACHE]
+      head, variables = model.apply({"params": params, CACHE: cache}, cross, source, tokens[:, None], stage2,
+                                    decode=True, position=position, method=model.decode, mutable=[CACHE])
+      return jax.nn.log_softmax(head.logits()[:, 0]), variables[CACHE]
 
     if beam_size == 1:
       return search.greedy_search(step_fn, cache, batch, max_len, BOS_ID, EOS_ID, PAD_ID, FORBIDDEN_IDS)

@@ -12,7 +12,6 @@ from stablemoe_jax.models.moe import SHUFFLE_RNG
 from stablemoe_jax.models.routers import post_update_hook
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.parallel import sharding as sharding_lib
-from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.losses import token_nll  # noqa: F401  (re-exported: tests and scripts import it here)
 from stablemoe_jax.train.optimizer import learning_rate_schedule
 from stablemoe_jax.train.state import TrainState, in_stage1
@@ -35,22 +34,16 @@ def _sum_by_name(flat: dict[str, jax.Array]) -> dict[str, jax.Array]:
   return sums
 
 
-def head_kwargs(model) -> dict:
-  """``{"head_inputs": True}`` when ``model.loss_chunk_tokens`` > 0: the model then returns the head's inputs and
-  the task's loss computes the head in chunks (``models/head.py``); else no keyword (the model returns logits)."""
-  config = getattr(model, "config", None)
-  return {"head_inputs": True} if config is not None and config.get("loss_chunk_tokens", 0) > 0 else {}
-
-
 def step_rngs(step_key: jax.Array) -> dict[str, jax.Array]:
   """The rng streams of one (micro)step: dropout, and the MoE token shuffle derived from it by fold_in."""
   return {"dropout": step_key, SHUFFLE_RNG: jax.random.fold_in(step_key, 1)}
 
 
-def make_train_step(model, tx: optax.GradientTransformation, config, task=None) -> Callable[[TrainState, Batch], tuple]:
+def make_train_step(model, tx: optax.GradientTransformation, config, task) -> Callable[[TrainState, Batch], tuple]:
   """Builds the train step for ``model`` and ``tx``; jit it with ``donate_argnums=0``.
 
-  ``task`` (default: the language model's) says which batch entries feed the model and scores its logits.
+  ``task`` (``tasks/base.py``) says which batch entries feed the model and scores its output (``task.train_loss``:
+  the models return the head's inputs, to which the task's loss applies the head).
 
   With ``train.microbatches = M > 1`` the batch [B, S] is split into M
   microbatches of [B / M, S] whose gradients are averaged before one update
@@ -65,17 +58,15 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task=None) 
   microbatches = config.train.microbatches
   schedule = learning_rate_schedule(config.train)
   base_key = jax.random.key(config.seed)
-  task = task or LanguageModelTask()
-  head = head_kwargs(model)
   post_update = post_update_hook(config.get("model"))  # the router's own hook, None for most
 
   def grads_and_metrics(params, batch: Batch, stage1: jax.Array, step_key: jax.Array):
     def loss_fn(params):
-      logits, sown = model.apply(
+      output, sown = model.apply(
           {"params": params}, *task.model_inputs(batch), stage1, deterministic=False,
-          rngs=step_rngs(step_key), mutable=[AUX_LOSS, METRICS], **head, **task.model_keywords(batch),
+          rngs=step_rngs(step_key), mutable=[AUX_LOSS, METRICS], **task.model_keywords(batch),
       )
-      task_loss = task.train_loss(logits, batch)
+      task_loss = task.train_loss(output, batch)
       aux = _flatten(sown.get(AUX_LOSS, {}))
       return task_loss + sum(aux.values(), jnp.zeros(())), (task_loss, aux, _flatten(sown.get(METRICS, {})))
 
@@ -120,7 +111,7 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task=None) 
 
 
 def jit_train_step(model, tx: optax.GradientTransformation, config, mesh: jax.sharding.Mesh, state_shardings,
-                   task=None):
+                   task):
   """The jitted train step of ``main`` (call it under ``jax.set_mesh(mesh)``).
 
   ``donate_argnums=0``: the input state's buffers are donated, so XLA writes the new parameters and
@@ -131,30 +122,26 @@ def jit_train_step(model, tx: optax.GradientTransformation, config, mesh: jax.sh
                  out_shardings=(state_shardings, sharding_lib.replicated(mesh)))
 
 
-def make_eval_step(model, task=None, stage1_only: bool = False) -> Callable[[dict, Batch], dict[str, jax.Array]]:
-  """Eval step with inference routing: returns summed NLL and token count.
+def make_eval_step(model, task, stage1_only: bool = False) -> Callable[[dict, Batch], dict[str, jax.Array]]:
+  """Eval step with inference routing: returns the task's summed NLL and token count (``task.eval_sums``).
 
   The inference routing is the distilled router's, except for a run that never leaves stage 1 (``stage1_only``:
   ``train.stage1_steps >= train.steps``, the paper's "stage 1 only" ablation), which is evaluated as it trained,
   with its learned routing.
   """
-  task = task or LanguageModelTask()
-  head = head_kwargs(model)
-
   def eval_step(params, batch: Batch):
-    logits = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(stage1_only), deterministic=True,
-                         **head, **task.model_keywords(batch))
-    return task.eval_sums(logits, batch)
+    output = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(stage1_only), deterministic=True,
+                         **task.model_keywords(batch))
+    return task.eval_sums(output, batch)
   return eval_step
 
 
-def make_routing_agreement_step(model, task=None) -> Callable[[dict, Batch], jax.Array | None]:
+def make_routing_agreement_step(model, task) -> Callable[[dict, Batch], jax.Array | None]:
   """``(params, batch) -> share of the batch's tokens`` whose distilled-router expert is the learned one.
 
   Runs the model with stage-1 routing (the learned assignment) and reads the ``distill_accuracy``
   metric every distilled router sows (mean over MoE layers); None if no router sows it.
   """
-  task = task or LanguageModelTask()
 
   def agreement_step(params, batch: Batch):
     _, sown = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(True), deterministic=True,

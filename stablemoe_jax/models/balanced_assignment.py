@@ -22,6 +22,7 @@ corrections (the bound holds whatever the starting prices). If ``max_rounds`` ro
 of a phase do not assign every token (not seen in practice), the remaining
 tokens fill the remaining slots in token order: the balance is always exact,
 the bound then no longer holds (``converged`` says so).
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 

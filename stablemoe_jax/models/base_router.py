@@ -3,6 +3,7 @@ tokens (the auction of ``balanced_assignment.py``), greedy at inference, sigmoid
 ``fixed_routing=True`` StableMoE's two stages (Table 5).
 
 Its settings are the section ``model.moe.base`` (``DEFAULTS``); ``models/routers.py`` registers it.
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 

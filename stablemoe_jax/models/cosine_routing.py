@@ -13,6 +13,7 @@ A learned router's section ``model.moe.<router>`` holds the keys of :data:`COSIN
 
 How the rescale reproduces torchscale's in-place one, and what torchscale's ``Top1Gate`` does that these keys do
 not: docs/method.md, "X-MoE's cosine routing against torchscale".
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 
@@ -42,21 +43,21 @@ def normalize_rows(x: jax.Array, eps: float = 1e-4) -> jax.Array:
 
 
 def cosine_scores(h: jax.Array, centroids: jax.Array, logit_scale: jax.Array, eps: float = 1e-4) -> jax.Array:
-  """X-MoE's affinities: h float32 [T, k], centroids [N, k], logit_scale scalar ->
+  """X-MoE's affinities: h float32 [T, dim], centroids [N, dim], logit_scale scalar ->
   ``cos(h_t, E_i) * exp(min(logit_scale, log MAX_LOGIT_SCALE))``, float32 [T, N]."""
   scale = jnp.exp(jnp.minimum(logit_scale, np.log(MAX_LOGIT_SCALE)))
   return (normalize_rows(h, eps) @ normalize_rows(centroids, eps).T) * scale
 
 
 def rescale_rows(x: jax.Array, norm: float, eps: float = 1e-4) -> jax.Array:
-  """Every row of x [N, k] scaled to L2 norm ``norm`` (a zero row stays 0): torchscale's in-place rescale."""
+  """Every row of x [N, dim] scaled to L2 norm ``norm`` (a zero row stays 0): torchscale's in-place rescale."""
   return normalize_rows(x, eps) * norm
 
 
 def xmoe_expert_init(norm: float) -> Callable:
   """The centroids' initializer with ``cosine_expert_norm = norm > 0``: torchscale's ``orthogonal_(gain=0.32)``
-  followed by its first forward's rescale, i.e. orthogonal rows (for N <= k; orthonormal columns otherwise)
-  of norm ``norm``. (key, shape [N, k], dtype) -> [N, k]."""
+  followed by its first forward's rescale, i.e. orthogonal rows (for N <= dim; orthonormal columns otherwise)
+  of norm ``norm``. (key, shape [N, dim], dtype) -> [N, dim]."""
   orthogonal = nn.initializers.orthogonal(XMOE_INIT_GAIN)
   return lambda key, shape, dtype=jnp.float32: rescale_rows(orthogonal(key, shape, dtype), norm).astype(dtype)
 
@@ -88,7 +89,7 @@ def expert_norm(settings) -> float:
 def expert_norm_hook(model_config) -> Callable[[dict], dict] | None:
   """The train step's parameter hook for ``cosine_expert_norm`` > 0, else None.
 
-  Returns ``params -> params`` with every MoE layer's ``router/centroids`` [N, k] rescaled row by row to the
+  Returns ``params -> params`` with every MoE layer's ``router/centroids`` [N, dim] rescaled row by row to the
   chosen router's ``cosine_expert_norm`` (not the distilled router's centroids, which lie one level deeper). The
   train step applies it to the parameters after each optimizer update, so every forward pass, and Adam's next
   update, starts from norm-r rows, as torchscale's in-place ``wg.mul_`` before each forward (module docstring).

@@ -10,6 +10,7 @@ The bias is the router's parameter ``expert_bias [N]`` read through ``stop_gradi
 train step moves it after the optimizer update, through the registry's post-update hook (:func:`bias_update_hook`),
 from the step's logged per-expert load of that layer (``moe/<layer>/load``: each expert's share of the step's
 T * k choices, mean 1 / N).
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ The paper's Table 6 variants (``model.moe.distilled_router.kind``) replace the
 embedding lookup by a causal CNN over the neighbouring tokens or by 1-3 causal
 Transformer layers over the token ids. Causal: position t sees token ids <= t
 only, since a language model's routing must not see the next token.
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 

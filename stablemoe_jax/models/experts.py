@@ -1,8 +1,9 @@
-"""Experts as stacked parameters ``[E, ...]``, run as batched matmuls over the expert axis.
+"""Experts as stacked parameters ``[N, ...]``, run as batched matmuls over the expert axis.
 
 The parameters are created at their global shape by :class:`FFNExperts` (annotated with the
 logical ``experts`` axis, so they can be split over devices), and applied by the pure function
 :func:`apply_ffn_experts`, which a dispatcher may call inside ``jax.shard_map`` on the local experts.
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 
@@ -24,14 +25,14 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float = 1e-
 
 
 class FFNExperts(nn.Module):
-  """Parameters of E experts, each a stack of ``num_sublayers`` pre-LN residual ReLU FFN sublayers.
+  """Parameters of N experts, each a stack of ``num_sublayers`` pre-LN residual ReLU FFN sublayers.
 
   The output projections start at zero (as in the authors' code), so every expert starts as the
-  identity. Calling the module returns the parameter dict (leaves ``[E, S, ...]``).
+  identity. Calling the module returns the parameter dict (leaves ``[N, s, ...]``).
 
   Attributes:
-    num_experts: E.
-    num_sublayers: FFN sublayers per expert (S).
+    num_experts: N.
+    num_sublayers: FFN sublayers per expert (s).
     d_ff: hidden width of each FFN.
     bias_init: "zeros" (both biases 0: each expert adds exactly 0 at first) or "torch" (the authors' code:
       PyTorch's default ``nn.Linear`` bias, ``b_in ~ U(+-1/sqrt(d))`` and ``b_out ~ U(+-1/sqrt(d_ff))``; only
@@ -85,7 +86,7 @@ def torch_linear_bias_init(fan_in: int):
 
 def dropout_keep_mask(rng: jax.Array, expert_ids: jax.Array, group_ids: jax.Array, sublayer: int,
                       shape: tuple[int, int], rate: float) -> jax.Array:
-  """bool [E', G', C, d]: the keep mask of (expert, group, sublayer), whatever device computes it.
+  """bool [N', G', C, d]: the keep mask of (expert, group, sublayer), whatever device computes it.
 
   Each (global expert, global group) pair draws from ``fold_in(fold_in(fold_in(rng, e), g), sublayer)``,
   so the masks do not depend on the device layout.
@@ -98,12 +99,12 @@ def dropout_keep_mask(rng: jax.Array, expert_ids: jax.Array, group_ids: jax.Arra
 
 def apply_ffn_experts(params: dict[str, jax.Array], x: jax.Array, expert_ids: jax.Array, group_ids: jax.Array,
                       rng: jax.Array | None, *, dropout: float = 0.0, dtype: Any = jnp.float32) -> jax.Array:
-  """What each expert's stack adds to its input: x [E', G', C, d] -> ``stack(x) - x`` [E', G', C, d].
+  """What each expert's stack adds to its input: x [N', G', C, d] -> ``stack(x) - x`` [N', G', C, d].
 
   Args:
-    params: the experts' parameters, leaves ``[E', S, ...]`` (all experts, or this device's).
+    params: the experts' parameters, leaves ``[N', s, ...]`` (all experts, or this device's).
     x: rows per (expert, group, slot).
-    expert_ids: int32 [E'], global ids of the experts in ``params`` (for dropout keys).
+    expert_ids: int32 [N'], global ids of the experts in ``params`` (for dropout keys).
     group_ids: int32 [G'], global ids of the routing groups along x's second axis (for dropout keys).
     rng: dropout key, or None for no dropout.
     dropout: dropout rate on each sublayer's output.

@@ -9,10 +9,10 @@ built from these modules is covered (dense, deeper, wider, any router):
   so a vocabulary padded by ``model.vocab_multiple`` counts the padded columns the head computes);
   a distilled router's embedding is a lookup: 0;
 * router ``centroids`` [N, d]: ``2 * N * d`` (every expert's score is computed);
-* routed expert weights ``w_in`` [E, s, d, f] and ``w_out`` [E, s, f, d] (under an ``experts`` module):
-  ``2 * size / E * rows``, ``rows`` the expert rows a token costs: by default the active count, ``top_k``
+* routed expert weights ``w_in`` [N, s, d, f] and ``w_out`` [N, s, f, d] (under an ``experts`` module):
+  ``2 * size / N * rows``, ``rows`` the expert rows a token costs: by default the active count, ``top_k``
   (each of a token's k choices runs one expert FFN); given a ``capacity_factor`` c, what the capacity-padded
-  buffers compute, E slots of ``c * T / E`` rows a routing group, so c rows a token whatever k (capacity counts
+  buffers compute, N slots of ``c * T / N`` rows a routing group, so c rows a token whatever k (capacity counts
   choices, ``models/moe.py``: a top-2 layer at c = 1 computes as many rows as a top-1 one and drops half its
   choices);
 * the same stacked FFN outside an ``experts`` module, every token through each of its [n, s, ...] stacks:

@@ -2,6 +2,7 @@
 random, or ``balanced``: bin-packed by the training split's token counts once, at initialisation.
 
 Its settings are the section ``model.moe.hash`` (``DEFAULTS``); ``models/routers.py`` registers it.
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 

@@ -4,12 +4,15 @@
 padded rows are never looked up and never scored (their logits are cut off or masked out of the softmax), so
 the loss, the perplexity and every decoded id are those of the unpadded vocabulary.
 
-``model.loss_chunk_tokens`` > 0: the models return :class:`HeadInputs` (the final hidden states and the
-embedding) instead of logits to the train and eval steps, and the head and its loss run ``chunk`` tokens at a
-time, so no step writes the [T, V] float32 logits (6.6 GB a pass at 32 x 1,024 tokens and V 50,257): training's
-:func:`chunked_mean_loss` computes each chunk's loss and its gradients in the forward pass (a fused linear
-cross-entropy), evaluation's :func:`chunked_nll` the per-token loss (under ``jax.checkpoint``, as MaxText's
-vocabulary tiling, if differentiated).
+The models (``TransformerLM``, ``TransformerSeq2Seq`` and its ``decode``) return :class:`HeadInputs`, what the
+head needs (the final hidden states and the tied embedding), never logits: the task's loss
+(``train/losses.head_mean_loss``, ``head_token_nll``) or a decoder (``HeadInputs.logits``) applies the head.
+With ``model.loss_chunk_tokens`` > 0 the loss runs the head ``chunk`` tokens at a time, so no step writes the
+[T, V] float32 logits (6.6 GB a pass at 32 x 1,024 tokens and V 50,257): training's :func:`chunked_mean_loss`
+computes each chunk's loss and its gradients in the forward pass (a fused linear cross-entropy), evaluation's
+:func:`chunked_nll` the per-token loss (under ``jax.checkpoint``, as MaxText's vocabulary tiling, if
+differentiated).
+Shape letters: ``models/__init__.py`` (here n chunks of P positions of each of the B rows).
 """
 from __future__ import annotations
 
@@ -60,10 +63,11 @@ def tied_logits(x: jax.Array, embedding: jax.Array, vocab_size: int | None = Non
 
 @flax.struct.dataclass
 class HeadInputs:
-  """What the head needs, returned by the models in place of logits when ``model.loss_chunk_tokens`` > 0.
+  """What the head needs: the models' output (the tasks' losses and the decoders apply the head to it).
 
   hidden: [..., d] the final LayerNorm's output in the compute dtype; embedding: float32 [Vp, d] (tied);
-  vocab_size: the real vocabulary V <= Vp; chunk_tokens: tokens per chunk of :func:`chunked_nll`.
+  vocab_size: the real vocabulary V <= Vp; chunk_tokens: ``model.loss_chunk_tokens``, the tokens per chunk of
+  :func:`chunked_nll` / :func:`chunked_mean_loss` (0: the losses take the whole :meth:`logits`).
   """
 
   hidden: jax.Array
@@ -72,7 +76,7 @@ class HeadInputs:
   chunk_tokens: int = flax.struct.field(pytree_node=False)
 
   def logits(self) -> jax.Array:
-    """The whole float32 logits [..., V] (what the models return with chunking off)."""
+    """The whole float32 logits [..., V] (:func:`tied_logits`)."""
     return tied_logits(self.hidden, self.embedding, self.vocab_size)
 
 
@@ -102,8 +106,9 @@ def _unsplit(chunks: jax.Array, length: int, shape: tuple[int, ...]) -> jax.Arra
 
 def _chunk_loss(x_chunk: jax.Array, embedding: jax.Array, t_chunk: jax.Array, vocab: int, smoothing: float
                 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
-  """One chunk: x_chunk [C, d] and embedding [Vp, d] in the compute dtype, targets int32 [C] -> (per-token loss
-  float32 [C], logits float32 [C, Vp] with the padded columns at -inf, their logsumexp [C], the real columns' mask)."""
+  """One chunk of B * P tokens: x_chunk [B * P, d] and embedding [Vp, d] in the compute dtype, targets int32 [B * P]
+  -> (per-token loss float32 [B * P], logits float32 [B * P, Vp] with the padded columns at -inf, their logsumexp
+  [B * P], the real columns' mask)."""
   logits = jnp.dot(x_chunk, embedding.T).astype(jnp.float32)
   padded = embedding.shape[0]
   real = None
@@ -169,7 +174,7 @@ def chunked_mean_loss(head: HeadInputs, targets: jax.Array, weights: jax.Array, 
       loss_sum, d_embedding = carry
       x_chunk, t_chunk, w_chunk = (a.reshape(-1, *a.shape[2:]) for a in chunk_inputs)  # [B * P, ...]
       nll, logits, lse, real = _chunk_loss(x_chunk, compute, t_chunk, vocab, smoothing)
-      scale = w_chunk / norm  # [C]
+      scale = w_chunk / norm  # [B * P]
       dz = jnp.exp(logits - lse[:, None]) * scale[:, None]  # softmax (0 at padded ids), minus the labels:
       if smoothing:
         dz = dz - (smoothing / vocab) * (scale[:, None] if real is None else jnp.where(real, scale[:, None], 0.0))

@@ -5,6 +5,7 @@
 ``switch_router.SwitchSoftmax``, ``base_router.BalancedAssignment``) that turns them into an assignment, a gate and
 losses. With a distilled router (``DistilledRouterSpec``) it runs StableMoE's two stages: distil the learned
 assignment into a token-id-only router during ``train.stage1_steps``, then route by that frozen router.
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 

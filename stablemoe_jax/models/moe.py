@@ -2,6 +2,7 @@
 
 The router is built by the model (``routers.make_router``) and passed in (``MoELayer(router=...)``, flaxformer's
 pattern); :func:`make_moe_layer` does both for a layer used on its own.
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models import dispatch, experts, routers
 from stablemoe_jax.models.routing import METRICS, ROUTING, expert_load, masked_mean, routing_health
 
@@ -58,7 +60,7 @@ class MoELayer(nn.Module):
   unchanged.
 
   The router runs on all T tokens (its losses are over the global batch). Tokens are then taken
-  in ``model.moe.num_groups`` groups of T / G consecutive tokens with C = ``ceil(cf * T / G / E)``
+  in ``model.moe.num_groups`` groups of T / G consecutive tokens with C = ``ceil(cf * T / G / N)``
   slots per (group, expert) (G = 0, which a launch resolves and records: one group per device of the surrounding
   mesh); in training (``deterministic=False``, ``shuffle_tokens`` on and a
   ``shuffle`` rng given) positions are assigned in a random order within each group. The
@@ -66,7 +68,7 @@ class MoELayer(nn.Module):
   the all-to-all one when the mesh of the surrounding ``jax.set_mesh`` has an ``expert`` axis > 1.
   Evaluation (``deterministic``) uses ``model.moe.eval_dispatcher``; its "auto" is the grouped
   dispatcher on the CPU when no token can be dropped (capacity = group size) and experts are not split
-  over devices, so no-drop evaluation costs about the routed rows, not E times them (on a GPU, index).
+  over devices, so no-drop evaluation costs about the routed rows, not N times them (on a GPU, index).
 
   Top-k (``Routing.expert_index [T, k]``, k > 1): each of a token's k choices takes a slot of its expert's capacity
   (capacity counts choices, GShard's and MaxText's convention), filled in this order within a group: every token's
@@ -123,16 +125,17 @@ class MoELayer(nn.Module):
       raise ValueError(f"model.moe.num_groups={groups} must divide the {h.shape[0]} tokens of a batch.")
     group_size = h.shape[0] // groups
     capacity_factor = cfg.eval_capacity_factor if deterministic else cfg.capacity_factor
-    capacity = dispatch.expert_capacity(group_size, num_experts, capacity_factor)
+    capacity = capacity_lib.expert_capacity(group_size, num_experts, capacity_factor)
     shuffle = cfg.get("shuffle_tokens", False) and not deterministic and self.has_rng(SHUFFLE_RNG)
     shuffle_rng = self.make_rng(SHUFFLE_RNG) if shuffle else None
     group_valid = None if valid is None else valid.reshape(groups, group_size)
     if top_k == 1:
-      slots = dispatch.group_slots(routing.expert_index.reshape(groups, group_size), num_experts, capacity,
-                                   shuffle_rng, group_valid)
+      slots = capacity_lib.group_slots(routing.expert_index.reshape(groups, group_size), num_experts, capacity,
+                                       shuffle_rng, group_valid)
     else:  # [G, k * Tg]: the choices choice-major (every first choice, then every second, ...), each a row
-      slots = dispatch.choice_slots(routing.expert_index.reshape(groups, group_size, top_k), num_experts, capacity,
-                                    shuffle_rng, group_valid).swapaxes(1, 2).reshape(groups, top_k * group_size)
+      slots = capacity_lib.choice_slots(routing.expert_index.reshape(groups, group_size, top_k), num_experts,
+                                        capacity, shuffle_rng, group_valid
+                                        ).swapaxes(1, 2).reshape(groups, top_k * group_size)
 
     expert_params = experts.FFNExperts(num_experts, self.num_sublayers, self.d_ff,
                                         bias_init=cfg.get("expert_bias_init", "zeros"), name="experts")(d)

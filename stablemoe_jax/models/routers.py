@@ -30,6 +30,7 @@ collapse message names): nothing outside ``models/`` branches on a router's name
 
 The model builds the router (:func:`make_router`, unbound: ``parent=None``) and passes it into its MoE layer
 (``MoELayer(router=...)``, flaxformer's pattern), which adopts it under the name "router".
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 

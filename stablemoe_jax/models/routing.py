@@ -5,6 +5,7 @@ A router maps token representations ``h [T, d]`` and token ids ``[T]`` to a
 expert's output. Auxiliary losses and routing metrics are reported through
 Flax's ``sow`` into the ``aux_loss`` and ``moe_metrics`` collections, so that
 adding a routing method never changes the layer, the model or the train step.
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ Decoding (``decode=True``) feeds one position at a time: the decoder self-attent
 values in the ``cache`` collection; the encoder output and each decoder block's cross-attention keys and
 values (``cross_keys_values``) are computed once per sentence and passed in, so a step projects only its
 own token.
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 from stablemoe_jax.core.constants import PAD_ID  # noqa: F401  (the pad id; re-exported)
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.moe import make_moe_layer
-from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size, tied_logits
+from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size
 from stablemoe_jax.models.transformer import dense_match_plan, moe_positions
 
 CACHE = "cache"  # the Flax collection of the decoder self-attention's keys and values
@@ -178,7 +179,9 @@ class TransformerSeq2Seq(nn.Module):
     config: the ``model`` config (vocab_size, d_model, num_heads, num_layers (each of encoder and decoder),
       d_ff, max_len, dropout, dtype, ``moe`` and ``dense_match``, as the language model's).
 
-  Parameters are float32; ``model.dtype`` is the compute dtype; logits are float32. The MoE layers are the
+  Parameters are float32; ``model.dtype`` is the compute dtype; logits are float32. ``__call__`` and ``decode``
+  return the head's inputs (:class:`HeadInputs`), not logits: the task's loss or the decoder applies the head
+  (``.logits()``, or the chunked loss, ``models/head.py``). The MoE layers are the
   top-level modules ``encoder_moe_{k}`` and ``decoder_moe_{k}`` (the dense baselines: ``*_dense_ffn_{k}``).
   """
 
@@ -269,10 +272,10 @@ class TransformerSeq2Seq(nn.Module):
 
   def decode(self, encoded: jax.Array | list[tuple[jax.Array, jax.Array]], source: jax.Array,
              decoder_inputs: jax.Array, in_stage1: jax.Array, deterministic: bool = True, decode: bool = False,
-             position: jax.Array | int = 0, head_inputs: bool = False, source_segments: jax.Array | None = None,
-             target_segments: jax.Array | None = None, target_positions: jax.Array | None = None
-             ) -> jax.Array | HeadInputs:
-    """Logits float32 [B, St, V] of the next token at each decoder input position.
+             position: jax.Array | int = 0, source_segments: jax.Array | None = None,
+             target_segments: jax.Array | None = None, target_positions: jax.Array | None = None) -> HeadInputs:
+    """The :class:`HeadInputs` (hidden [B, St, d], the tied embedding) of the next token's logits at each decoder
+    input position (``.logits()``: float32 [B, St, V]).
 
     Args:
       encoded: [B, Ss, d], the encoder output, or its ``cross_keys_values`` (the same logits, without
@@ -284,7 +287,6 @@ class TransformerSeq2Seq(nn.Module):
       decode: cached decoding: ``decoder_inputs`` continue the cached positions (call with
         ``mutable=["cache"]``).
       position: the position of ``decoder_inputs[:, 0]`` (the step index when decoding).
-      head_inputs: return the logits' :class:`HeadInputs` (hidden [B, St, d]) instead, for the chunked loss.
       source_segments, target_segments, target_positions: int32 [B, Ss] / [B, St] / [B, St] of packed rows (see
         ``encode``): a target position attends to its own pair's earlier targets and its own source; None:
         one pair a row.
@@ -299,20 +301,18 @@ class TransformerSeq2Seq(nn.Module):
     y = self._stack("decoder", len(self.decoder_blocks), y, decoder_inputs, in_stage1, deterministic,
                     lambda i, y: self.decoder_blocks[i](y, memory[i], cross_mask, deterministic, decode, self_mask))
     y = self.decoder_norm(y)
-    if head_inputs:
-      return HeadInputs(y, self.embed.embedding, self.config.vocab_size, self.config.get("loss_chunk_tokens", 0))
-    return tied_logits(y, self.embed.embedding, self.config.vocab_size)
+    return HeadInputs(y, self.embed.embedding, self.config.vocab_size, self.config.get("loss_chunk_tokens", 0))
 
   def __call__(self, source: jax.Array, decoder_inputs: jax.Array, in_stage1: jax.Array,
-               deterministic: bool = True, decode: bool = False, head_inputs: bool = False,
+               deterministic: bool = True, decode: bool = False,
                source_segments: jax.Array | None = None, source_positions: jax.Array | None = None,
                target_segments: jax.Array | None = None, target_positions: jax.Array | None = None
-               ) -> jax.Array | HeadInputs:
-    """source int32 [B, Ss], decoder_inputs int32 [B, St], in_stage1 bool scalar -> logits float32 [B, St, V]
-    (``head_inputs``: their :class:`HeadInputs`). The segments and positions [B, Ss] / [B, St] come with packed
-    rows (``encode``, ``decode``)."""
+               ) -> HeadInputs:
+    """source int32 [B, Ss], decoder_inputs int32 [B, St], in_stage1 bool scalar -> the :class:`HeadInputs` of
+    the logits [B, St, V] (``decode``). The segments and positions [B, Ss] / [B, St] come with packed rows
+    (``encode``, ``decode``)."""
     encoded = self.encode(source, in_stage1, deterministic, source_segments, source_positions)
-    return self.decode(encoded, source, decoder_inputs, in_stage1, deterministic, decode, head_inputs=head_inputs,
+    return self.decode(encoded, source, decoder_inputs, in_stage1, deterministic, decode,
                        source_segments=source_segments, target_segments=target_segments,
                        target_positions=target_positions)
 

@@ -2,6 +2,7 @@
 the balance loss, always two-staged (the learned assignment distilled into a token-id-only router, then frozen).
 
 Its settings are the section ``model.moe.stablemoe`` (``DEFAULTS``); ``models/routers.py`` registers it.
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ StableMoE's two stages (Table 5).
 renormalised to sum to 1 (Mixtral's convention) as the gates; the balance loss takes f_i over all T * k choices.
 
 Its settings are the section ``model.moe.switch`` (``DEFAULTS``); ``models/routers.py`` registers it.
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Decoder-only Transformer LM (pre-LayerNorm, learned positions, tied embeddings) with MoE layers."""
+"""Decoder-only Transformer LM (pre-LayerNorm, learned positions, tied embeddings) with MoE layers.
+
+Shape letters: ``models/__init__.py``.
+"""
 from __future__ import annotations
 
 import functools
@@ -171,16 +174,16 @@ class TransformerLM(nn.Module):
 
   ``model.dtype`` is the compute dtype: parameters stay float32 (the optimizer's master weights) and are
   cast where used; router affinities and every loss are float32; the LM head's matmul runs in the compute
-  dtype and its logits are cast to float32 (:func:`tied_logits`).
+  dtype and its logits are cast to float32 (:func:`tied_logits`). The model returns the head's inputs
+  (:class:`HeadInputs`), not logits: the task's loss applies the head (whole or in chunks, ``models/head.py``).
   """
 
   config: Any
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, in_stage1: jax.Array, deterministic: bool = True,
-               head_inputs: bool = False) -> jax.Array | HeadInputs:
-    """tokens int32 [B, S], in_stage1 bool scalar -> logits float32 [B, S, V]; with ``head_inputs``, the
-    :class:`HeadInputs` of those logits instead (hidden [B, S, d], for the chunked loss)."""
+  def __call__(self, tokens: jax.Array, in_stage1: jax.Array, deterministic: bool = True) -> HeadInputs:
+    """tokens int32 [B, S], in_stage1 bool scalar -> the :class:`HeadInputs` of the next-token logits: hidden
+    [B, S, d] and the tied embedding [Vp, d] (``.logits()``: float32 [B, S, V])."""
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     d = cfg.d_model
@@ -218,6 +221,4 @@ class TransformerLM(nn.Module):
         x = block_cls(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype, attention, name=f"block_{block}")(
             x, deterministic)
     x = nn.LayerNorm(dtype=dtype, name="final_norm")(x)
-    if head_inputs:
-      return HeadInputs(x, embed.embedding, cfg.vocab_size, cfg.get("loss_chunk_tokens", 0))
-    return tied_logits(x, embed.embedding, cfg.vocab_size)
+    return HeadInputs(x, embed.embedding, cfg.vocab_size, cfg.get("loss_chunk_tokens", 0))

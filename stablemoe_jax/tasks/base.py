@@ -1,9 +1,9 @@
 """The task interface: what the shared loop, steps and checkpoints need to know about a task.
 
 A task says which data a run prepares, which model it builds, which batch entries feed that model, how
-its logits are scored in training and evaluation, and what its final report adds. Everything else (the
-train and eval steps, optimizer, mesh, checkpoints, exact resume, metrics, routing records) is the same
-code for every task. Batches are dicts of numpy arrays whose leading axis is rows ([B, ...]).
+its output (the head's inputs) is scored in training and evaluation, and what its final report adds.
+Everything else (the train and eval steps, optimizer, mesh, checkpoints, exact resume, metrics, routing
+records) is the same code for every task. Batches are dicts of numpy arrays whose leading axis is rows ([B, ...]).
 """
 from __future__ import annotations
 
@@ -42,11 +42,13 @@ class Task(Protocol):
   def model_keywords(self, batch: Batch) -> dict[str, jax.Array]:
     """Batch entries the model takes by keyword, if the batch has them (translation: packed rows' segments)."""
 
-  def train_loss(self, logits: jax.Array, batch: Batch) -> jax.Array:
-    """float32 scalar: the loss training minimises (before the MoE layers' auxiliary losses)."""
+  def train_loss(self, output: Any, batch: Batch) -> jax.Array:
+    """float32 scalar: the loss training minimises (before the MoE layers' auxiliary losses), of the model's
+    output (the models': ``models/head.HeadInputs``, to which the loss applies the head)."""
 
-  def eval_sums(self, logits: jax.Array, batch: Batch) -> dict[str, jax.Array]:
-    """``{"nll_sum", "tokens"}``: summed NLL of the batch's scored tokens and their count."""
+  def eval_sums(self, output: Any, batch: Batch) -> dict[str, jax.Array]:
+    """``{"nll_sum", "tokens"}``: summed NLL of the batch's scored tokens (from the model's output) and their
+    count."""
 
   def train_iterator(self, data, config, shard_index: int, shard_count: int) -> Any:
     """Endless training batches of this process's rows, with ``get_state`` / ``set_state`` (exact resume)."""

@@ -10,7 +10,7 @@ from stablemoe_jax.data.lm import eval_sets
 from stablemoe_jax.data.lm import pipeline as data_lib
 from stablemoe_jax.data.lm.token_counts import split_token_counts
 from stablemoe_jax.models.transformer import TransformerLM
-from stablemoe_jax.train.losses import mean_loss, token_nll
+from stablemoe_jax.train.losses import head_mean_loss, head_token_nll
 
 
 class LanguageModelTask:
@@ -38,12 +38,12 @@ class LanguageModelTask:
   def model_keywords(self, batch):
     return {}
 
-  def train_loss(self, logits, batch) -> jax.Array:
-    return mean_loss(logits, batch["targets"], batch["weights"])
+  def train_loss(self, output, batch) -> jax.Array:
+    return head_mean_loss(output, batch["targets"], batch["weights"])
 
-  def eval_sums(self, logits, batch):
+  def eval_sums(self, output, batch):
     weights = batch["weights"]
-    return {"nll_sum": jnp.sum(token_nll(logits, batch["targets"]) * weights), "tokens": weights.sum()}
+    return {"nll_sum": jnp.sum(head_token_nll(output, batch["targets"]) * weights), "tokens": weights.sum()}
 
   def train_iterator(self, data, config, shard_index: int, shard_count: int):
     train = config.train

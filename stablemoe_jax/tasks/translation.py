@@ -21,7 +21,7 @@ from stablemoe_jax.data.translation import wmt
 from stablemoe_jax.decoding import bleu_report as bleu_lib
 from stablemoe_jax.decoding.bleu_report import bleu_report
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
-from stablemoe_jax.train.losses import mean_loss, token_nll
+from stablemoe_jax.train.losses import head_mean_loss, head_token_nll
 from stablemoe_jax.train.schedules import SCHEDULES
 
 
@@ -104,12 +104,12 @@ class TranslationTask:
     """Packed rows' segments and positions (``batch_lib.PACKING_KEYS``); {} for one pair a row."""
     return {name: batch[name] for name in batch_lib.PACKING_KEYS if name in batch}
 
-  def train_loss(self, logits, batch) -> jax.Array:
-    return mean_loss(logits, batch["targets"], batch["weights"], self._label_smoothing)
+  def train_loss(self, output, batch) -> jax.Array:
+    return head_mean_loss(output, batch["targets"], batch["weights"], self._label_smoothing)
 
-  def eval_sums(self, logits, batch):
+  def eval_sums(self, output, batch):
     weights = batch["weights"]
-    return {"nll_sum": jnp.sum(token_nll(logits, batch["targets"]) * weights), "tokens": weights.sum()}
+    return {"nll_sum": jnp.sum(head_token_nll(output, batch["targets"]) * weights), "tokens": weights.sum()}
 
   def train_iterator(self, data, config, shard_index: int, shard_count: int):
     train = config.train

@@ -197,7 +197,7 @@ def test_with_shared_experts_the_verdict_judges_the_routed_experts_and_reports_t
   params = jax.device_get(nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), tokens, jnp.array(True))["params"]))
   params = _noise(params, 0.2, base=params)
   assert set(params["moe_0"]) >= {"experts", "shared_experts", "router"}
-  apply = jax.jit(lambda p: model.apply({"params": p}, tokens, jnp.array(False)))
+  apply = jax.jit(lambda p: model.apply({"params": p}, tokens, jnp.array(False)).logits())
   targets = jnp.argmax(apply(params), axis=-1)
   loss = jax.jit(lambda p: jnp.mean(token_nll(apply(p), targets)))
 
@@ -219,15 +219,15 @@ def test_with_shared_experts_the_verdict_judges_the_routed_experts_and_reports_t
   # The whole layer removed: the dense model of the same parameters.
   dense_config = ml_collections.ConfigDict(config.to_dict())
   dense_config.moe.enabled = False
-  dense = jax.jit(TransformerLM(dense_config).apply)({"params": {k: v for k, v in params.items() if k != "moe_0"}},
-                                                     tokens, jnp.array(False))
+  dense = jax.jit(lambda p: TransformerLM(dense_config).apply({"params": p}, tokens, jnp.array(False)).logits())(
+      {k: v for k, v in params.items() if k != "moe_0"})
   np.testing.assert_allclose(apply(contribution.without_layer(params, "moe_0", shared=True)), dense,
                              rtol=1e-6, atol=1e-6)
   # Training's evaluation points measure only the routed worth; a layer without shared experts has no whole-layer key.
   assert "whole_layer_relative_perplexity_increase" not in contribution.layer_contributions(
       evaluate, params)["layers"]["moe_0"]
   _, plain_model, plain, plain_tokens = _lm_and_batch()
-  plain_loss = jax.jit(lambda p: jnp.mean(token_nll(plain_model.apply({"params": p}, plain_tokens, jnp.array(False)),
+  plain_loss = jax.jit(lambda p: jnp.mean(token_nll(plain_model.apply({"params": p}, plain_tokens, jnp.array(False)).logits(),
                                                     jnp.roll(plain_tokens, -1, axis=1))))
   plain_result = contribution.layer_contributions(
       lambda p, n: {"loss": float(plain_loss(p)), "perplexity": math.exp(float(plain_loss(p))), "tokens": 64},

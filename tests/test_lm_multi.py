@@ -137,7 +137,7 @@ def _reference(exp, params, path: pathlib.Path) -> tuple[float, int]:
   pad = rows * seq - len(targets)
   weights = np.concatenate([np.ones(len(targets)), np.zeros(pad)]).reshape(rows, seq)
   inputs, targets = (np.concatenate([a, np.zeros(pad, a.dtype)]).reshape(rows, seq) for a in (inputs, targets))
-  apply = jax.jit(lambda p, x: exp.model.apply({"params": p}, x, jnp.array(False), deterministic=True))
+  apply = jax.jit(lambda p, x: exp.model.apply({"params": p}, x, jnp.array(False), deterministic=True).logits())
   logits = np.asarray(apply(params, jnp.asarray(inputs, jnp.int32)), np.float64)
   logits -= logits.max(-1, keepdims=True)
   log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))

@@ -6,13 +6,12 @@ from typing import Callable
 
 from absl import app, flags
 
-from stablemoe_jax.core.errors import ConfigError, DataError, DataNotFoundError
-from stablemoe_jax.experiment import loop
+from stablemoe_jax.core.errors import ConfigError, DataError, DataNotFoundError, NonFiniteLossError
 from stablemoe_jax.train.checkpoint import CheckpointMismatchError
 from stablemoe_jax.train.health import CollapseError
 
 # Errors whose message names the problem and the fix; a traceback would add nothing.
-USER_ERRORS = (ConfigError, DataError, DataNotFoundError, CheckpointMismatchError, loop.NonFiniteLossError,
+USER_ERRORS = (ConfigError, DataError, DataNotFoundError, CheckpointMismatchError, NonFiniteLossError,
                CollapseError, FileNotFoundError)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from configs import default
-from stablemoe_jax.experiment import loop
+from stablemoe_jax.experiment import actions, loop
 from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.train import health
 from stablemoe_jax.train.metrics import read_metrics
@@ -200,14 +200,14 @@ def test_guard_rebuilt_from_the_log_reaches_the_same_verdict_as_the_live_one():
 def test_warn_prints_one_message_and_stop_raises_only_for_a_dead_layer(capsys):
   guard = health.CollapseGuard(_settings(patience=1), start_step=10)
   collapses = guard.observe_contribution(20, {"moe_1": 0.001})
-  loop._handle_collapses(guard, collapses, last_checkpoint=10)
+  actions.handle_collapses(guard, collapses, last_checkpoint=10)
   err = capsys.readouterr().err
   assert err.count("ROUTER HEALTH") == 1 and "MoE layer moe_1" in err and "+0.10%" in err
   stopping = health.CollapseGuard(_settings(patience=1, on_collapse="stop", affinity="dot"), start_step=10)
-  loop._handle_collapses(stopping, stopping.observe(20, _window(gate=0.001, layer="moe_1")), 10)  # a warning
+  actions.handle_collapses(stopping, stopping.observe(20, _window(gate=0.001, layer="moe_1")), 10)  # a warning
   assert "ROUTER HEALTH warning" in capsys.readouterr().err
   with pytest.raises(health.CollapseError, match=r"moe_1 .*Nothing was saved after the last checkpoint \(step 10\)"):
-    loop._handle_collapses(stopping, stopping.observe_contribution(30, {"moe_1": 0.0}), 10)
+    actions.handle_collapses(stopping, stopping.observe_contribution(30, {"moe_1": 0.0}), 10)
   assert "No checkpoint was written yet" in health.stop_message(stopping.dead["moe_1"], None)
   from stablemoe_jax import cli
   assert health.CollapseError in cli.USER_ERRORS  # one line and exit status 2 from python -m stablemoe_jax.main

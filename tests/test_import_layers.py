@@ -1,7 +1,9 @@
 """The import layers (DEVELOPERS.md, "Layers"): no import circle, and no import from a layer to one above it.
 
 Reads every ``import`` statement of ``stablemoe_jax/``, ``configs/`` and ``benchmarks/`` with ``ast`` (those inside
-functions too: a deferred import is still a dependency), builds the file graph and checks it against ``LAYERS``.
+functions too: a deferred import is still a dependency), builds the file graph and checks it against ``LAYERS``, file
+by file: the entry points too (``cli``, what they share, imports no runner; a launcher such as
+``data/prepare/__main__.py`` only hands over to its command in ``commands/``).
 Then folder by folder: each folder (package) is one floor of the table (no other folder's module in a row between its
 lowest and highest), and no folder imports a folder above it. Nothing is imported, so the test takes well under a
 second.
@@ -39,11 +41,19 @@ LAYERS = (
      ("core", "models", "data.common", "data.lm", "data.translation", "analysis", "train", "tasks")),
     ("runners", ("stablemoe_jax.experiment", "stablemoe_jax.experiment.loop", "stablemoe_jax.experiment.plan"),
      ("core", "parallel", "models", "analysis", "train", "tasks", "step", "validation")),
-    ("entry", ("stablemoe_jax.main", "stablemoe_jax.cli", "stablemoe_jax.commands", "stablemoe_jax.compare",
-              "stablemoe_jax.data.prepare.__main__", "stablemoe_jax.data.download", "stablemoe_jax.data.wmt"), "*"),
+    # Entry points ("*": any layer below). `cli` is what they share (flags, user errors as one line): it knows the
+    # errors, never a runner.
+    ("cli", ("stablemoe_jax.cli",), ("core", "train")),
+    ("entry", ("stablemoe_jax.main", "stablemoe_jax.commands", "stablemoe_jax.compare", "stablemoe_jax.data.download",
+               "stablemoe_jax.data.wmt"), "*"),
+    # A documented `python -m` name inside a lower folder that only hands over to its command in `commands/`.
+    ("launchers", ("stablemoe_jax.data.prepare.__main__",), ("entry",)),
     ("configs", ("configs",), ("core", "data.translation")),
     ("benchmarks", ("benchmarks",), "*"),
 )
+# Layers that take no floor (``folder_floors``): an entry point sits in the folder of the command it runs (``python
+# -m stablemoe_jax.data.prepare``) or at the package root, above every layer, so it takes no part in its folder's.
+UNRANKED = ("cli", "entry", "launchers", "benchmarks")
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -139,20 +149,18 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def upward_imports(edges: dict[str, set[str]], layers=LAYERS) -> list[str]:
-  allowed = {layer: may for layer, _, may in layers}
+  """File by file: each import whose target's layer is not one its module's layer may import ("*": any below)."""
+  order = [layer for layer, _, _ in layers]
+  allowed = {layer: set(order[:position]) if may == "*" else set(may)
+             for position, (layer, _, may) in enumerate(layers)}
   found = []
   for module, targets in sorted(edges.items()):
     source = layer_of(module, layers)
     for target in sorted(targets):
       goal = layer_of(target, layers)
-      if goal != source and allowed[source] != "*" and goal not in allowed[source]:
+      if goal != source and goal not in allowed[source]:
         found.append(f"{module} ({source}) imports {target} ({goal})")
   return found
-
-
-# Layers that may import anything: an entry point sits in the folder of the command it runs (``python -m
-# stablemoe_jax.data.prepare``), above every layer, so it takes no part in its folder's floor.
-UNRANKED = tuple(layer for layer, _, may in LAYERS if may == "*")
 
 
 def folder_of(module: str) -> str:
@@ -249,6 +257,43 @@ def test_a_planted_circle_and_an_upward_import_are_found():
   edges["stablemoe_jax.core.constants"].add("stablemoe_jax.experiment.loop")
   assert any("stablemoe_jax.core.constants" in c and "stablemoe_jax.experiment.loop" in c for c in circles(edges))
   assert "stablemoe_jax.core.constants (core) imports stablemoe_jax.experiment.loop (runners)" in upward_imports(edges)
+
+
+# The imports that ran back up before issue 54, as those files had them: the shared `cli` imported the loop for its
+# NonFiniteLossError, and the prepare command lived in the data layer, importing `cli` and the config check.
+OLD_BACK_UP_IMPORTS = {
+    "stablemoe_jax.cli": "from stablemoe_jax.core.errors import ConfigError, DataError, DataNotFoundError\n"
+                         "from stablemoe_jax.experiment import loop\n"
+                         "from stablemoe_jax.train.checkpoint import CheckpointMismatchError\n",
+    "stablemoe_jax.data.prepare.__main__": "from stablemoe_jax import cli\n"
+                                           "from stablemoe_jax.data.prepare import lm as lm_prepare\n"
+                                           "from stablemoe_jax.experiment.config_validation import validate_config\n",
+}
+
+
+def test_the_old_back_up_imports_are_caught_file_by_file(tmp_path):
+  files = project_files()
+  for module, source in OLD_BACK_UP_IMPORTS.items():
+    files[module] = tmp_path / f"{module}.py"
+    files[module].write_text(source)
+  old = import_graph(files)
+  assert upward_imports({m: old[m] for m in OLD_BACK_UP_IMPORTS}) == [
+      "stablemoe_jax.cli (cli) imports stablemoe_jax.experiment.loop (runners)",
+      "stablemoe_jax.data.prepare.__main__ (launchers) imports stablemoe_jax.cli (cli)",
+      "stablemoe_jax.data.prepare.__main__ (launchers) imports stablemoe_jax.data.prepare.lm (data.prepare)",
+      "stablemoe_jax.data.prepare.__main__ (launchers) imports stablemoe_jax.experiment.config_validation "
+      "(validation)",
+  ]
+
+
+def test_an_entry_point_may_not_import_a_launcher_and_cli_no_entry_point():
+  edges = project_graph()
+  edges["stablemoe_jax.main"].add("stablemoe_jax.data.prepare.__main__")
+  edges["stablemoe_jax.cli"].add("stablemoe_jax.commands.prepare")
+  assert upward_imports(edges) == [
+      "stablemoe_jax.cli (cli) imports stablemoe_jax.commands.prepare (entry)",
+      "stablemoe_jax.main (entry) imports stablemoe_jax.data.prepare.__main__ (launchers)",
+  ]
 
 
 @pytest.mark.parametrize("source", ["from stablemoe_jax.experiment import loop",

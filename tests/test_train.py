@@ -10,6 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 from conftest import make_tiny_config, share_prepared_ptb
 
+from stablemoe_jax.core.errors import NonFiniteLossError
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.experiment.step import make_train_step
@@ -241,7 +242,7 @@ def _unigram_perplexity(data_dir):
 def test_nan_loss_stops_with_a_clear_error_and_keeps_no_bad_checkpoint(tiny_config, prepared_ptb, tmp_path):
   share_prepared_ptb(prepared_ptb, tmp_path)
   tiny_config.train.learning_rate = 1e38
-  with pytest.raises(loop.NonFiniteLossError, match="learning_rate"):
+  with pytest.raises(NonFiniteLossError, match="learning_rate"):
     loop.train_and_evaluate(tiny_config, tmp_path)
   manager = ocp.CheckpointManager((tmp_path / "checkpoints").absolute())
   for step in manager.all_steps():

@@ -6,6 +6,10 @@ class ConfigError(ValueError):
   """A config value is unknown or inconsistent; the message names the key and the fix."""
 
 
+class NonFiniteLossError(FloatingPointError):
+  """The training loss became NaN or infinite; the message names the last checkpoint and the settings to change."""
+
+
 class DataNotFoundError(FileNotFoundError):
   """The corpus directory or one of its expected files does not exist."""
 

@@ -5,7 +5,8 @@
     translation/  parallel corpora (Multi30k, the Bible, WMT, your own files) -> joint sentencepiece -> pair batches
     prepare/      `python -m stablemoe_jax.data.prepare`: any corpus at any size into shards, on Apache Beam
 
-Command-line entry points at this level: `python -m stablemoe_jax.data.prepare` (``prepare/__main__.py``),
+Command-line entry points at this level: `python -m stablemoe_jax.data.prepare` (``prepare/__main__.py``, which
+only hands over to ``stablemoe_jax/commands/prepare.py``),
 `python -m stablemoe_jax.data.download` (the Penn Treebank) and `python -m stablemoe_jax.data.wmt` (WMT's
 TFDS records). Nothing downloads implicitly. The subpackages import only downward: ``common`` and
 ``stablemoe_jax.core``; ``lm`` and ``translation`` also ``common``; ``prepare`` all three.

@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-import sys
-import time
 from typing import Iterable
 
 import jax
@@ -14,9 +12,11 @@ import numpy as np
 import tqdm
 
 from stablemoe_jax import tasks as tasks_lib
-from stablemoe_jax.analysis.contribution import experiment_contributions, layer_contributions
+from stablemoe_jax.analysis.contribution import experiment_contributions
 from stablemoe_jax.analysis.recorder import RoutingRecorder
+from stablemoe_jax.experiment import actions
 from stablemoe_jax.experiment import plan as plan_lib
+from stablemoe_jax.experiment.clock import TrainClock
 from stablemoe_jax.experiment.config_validation import check_backend, check_prepared, validate_config
 from stablemoe_jax.experiment.step import jit_train_step, make_eval_step, make_routing_agreement_step
 from stablemoe_jax.models import routers
@@ -27,10 +27,6 @@ from stablemoe_jax.train import health as health_lib
 from stablemoe_jax.train.metrics import MetricWriter, last_logged, read_metrics
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import TrainState, create_train_state, train_state_shardings
-
-
-class NonFiniteLossError(FloatingPointError):
-  """The loss became NaN or infinite."""
 
 
 class Experiment:
@@ -169,36 +165,13 @@ class Experiment:
     return agree / max(count, 1)
 
 
-def _scored_tokens(window: list[dict]) -> float:
-  """The scored tokens of a window's fetched step metrics (0 for a task without loss weights)."""
-  return float(sum(m.get("scored_tokens", 0.0) for m in window))
-
-
-def _check_finite(loss: float, step: int, last_checkpoint: int | None) -> None:
-  if not math.isfinite(loss):
-    raise NonFiniteLossError(
-        f"the training loss is {loss} at step {step}. No checkpoint was written after it; the last one is "
-        f"step {last_checkpoint}, and rerunning resumes there. Lower --config.train.learning_rate, "
-        f"lengthen --config.train.warmup_steps or tighten --config.train.clip_norm."
-    )
-
-
-def _handle_collapses(guard: health_lib.CollapseGuard, collapses: list[health_lib.Collapse],
-                      last_checkpoint: int | None, announce: bool = True) -> None:
-  """Acts on the guard's new findings: one message each (stderr); a dead layer raises CollapseError with "stop".
-
-  ``announce=False`` (verdicts replayed on resumption): the interrupted run has printed them already.
-  """
-  for collapse in collapses:
-    if collapse.dead and guard.settings.on_collapse == "stop":
-      raise health_lib.CollapseError(health_lib.stop_message(collapse, last_checkpoint))
-    if announce and jax.process_index() == 0:
-      tqdm.tqdm.write(collapse.message(), file=sys.stderr)
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
                        stop_at_step: int | None = None) -> dict:
   """Trains both stages, resuming from the latest checkpoint in ``workdir``, then evaluates.
+
+  After each step the actions of ``actions.py`` run when their ``Schedule`` says: log a window, end stage 1,
+  evaluate and judge, save. One ``TrainClock`` times training; it is paused while the boundary check and the
+  evaluations run, so ``train_seconds`` and every tokens/s leave them out.
 
   Args:
     config: the run config.
@@ -228,85 +201,50 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   is_chief = jax.process_index() == 0
   writer = MetricWriter(exp.workdir, resume_step=start) if is_chief else None
   guard = health_lib.CollapseGuard(health_lib.GuardSettings.from_config(cfg), start)
-  last_checkpoint = start if start else None
-  # Training seconds (evaluations excluded) summed over this run and the runs it resumes.
-  train_seconds = (last_logged(exp.workdir, "train_seconds", start) or 0.0) if start else 0.0
-  # Scored training tokens (the loss's weights: translation's real target tokens) up to the last logged window;
-  # logged with every window, evaluation and checkpoint, so a resumption continues the count exactly.
+  # Training seconds and scored tokens continue from the runs this one resumes (logged with every window,
+  # evaluation and checkpoint, so a resumption continues both counts exactly).
+  train_seconds_before = (last_logged(exp.workdir, "train_seconds", start) or 0.0) if start else 0.0
   trained_tokens = (last_logged(exp.workdir, "trained_tokens", start) or 0.0) if start else 0.0
   train_step = exp.jit_train_step()
-  tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
-  started = mark = time.time()
-  window_start, window_metrics = time.time(), []
-  progress = tqdm.tqdm(total=train_cfg.steps, initial=start, desc="train", dynamic_ncols=True, mininterval=1.0,
-                       disable=not is_chief)
+  schedule = actions.Schedule.from_config(train_cfg)
+  clock = TrainClock(train_seconds_before)
+  run = actions.RunRecord(
+      exp=exp, writer=writer, guard=guard, clock=clock, window=actions.Window(clock),
+      tokens_per_step=train_cfg.batch_size * train_cfg.seq_len, trained_tokens=trained_tokens,
+      last_checkpoint=start if start else None,
+      progress=tqdm.tqdm(total=train_cfg.steps, initial=start, desc="train", dynamic_ncols=True, mininterval=1.0,
+                         disable=not is_chief))
   try:
     if start:  # the verdict so far, from the windows logged up to the checkpoint (no window lost or counted twice)
-      _handle_collapses(guard, guard.replay(read_metrics(exp.workdir), start), last_checkpoint, announce=False)
+      actions.handle_collapses(guard, guard.replay(read_metrics(exp.workdir), start), run.last_checkpoint,
+                               announce=False)
     for step in range(start + 1, train_cfg.steps + 1):
       state, metrics = train_step(state, mesh_lib.to_global(next(train_iter), exp.mesh))
       recorder.after_step(state, step)
-      window_metrics.append(metrics)
-      progress.update(1)
-      if step % train_cfg.log_every == 0 or step == train_cfg.steps:
-        window = jax.device_get(window_metrics)
-        averaged = {k: np.mean([m[k] for m in window], axis=0) for k in window[0]}
-        averaged["stage"] = window[-1]["stage"]
-        now = time.time()
-        elapsed = now - window_start
-        train_seconds, mark = train_seconds + now - mark, now
-        averaged["tokens_per_second"] = len(window) * tokens_per_step / elapsed
-        averaged["train_seconds"] = train_seconds
-        trained_tokens += _scored_tokens(window)
-        averaged["trained_tokens"] = trained_tokens
-        _check_finite(float(averaged["loss"]), step, last_checkpoint)
-        if writer:
-          writer.write(step, averaged)
-        progress.set_postfix(loss=f"{averaged['task_loss']:.3f}", stage=int(averaged["stage"]),
-                             tok_s=f"{averaged['tokens_per_second']:.0f}", **health_lib.progress_summary(averaged))
-        _handle_collapses(guard, guard.observe(step, averaged), last_checkpoint)
-        window_start, window_metrics = time.time(), []
-      if step == train_cfg.stage1_steps and step != train_cfg.steps:
-        train_seconds = train_seconds + time.time() - mark
-        agreement = exp.routing_agreement(state.params, "valid", train_cfg.eval_batches)
-        if writer and agreement is not None:
-          writer.write(step, {"distill_agreement_at_boundary": agreement})
-          progress.write(f"step {step} (end of stage 1): distilled router agrees with the learned routing on "
-                         f"{agreement:.1%} of validation tokens")
-        window_start = mark = time.time()
-      if step % train_cfg.eval_every == 0 and step != train_cfg.steps:
-        train_seconds = train_seconds + time.time() - mark
-        valid = exp.evaluate(state.params, "valid", train_cfg.eval_batches)
-        # What each MoE layer is worth now, on the same batches: the health verdict's contribution rule.
-        worth = {layer: c["relative_perplexity_increase"] for layer, c in layer_contributions(
-            lambda p, n: exp.evaluate(p, "valid", n), state.params, train_cfg.eval_batches, full=valid)["layers"].items()}
-        if writer:
-          writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"],
-                              **{f"moe/{layer}/contribution": value for layer, value in worth.items()},
-                              "train_seconds": train_seconds,
-                              "trained_tokens": trained_tokens + _scored_tokens(jax.device_get(window_metrics))})
-        progress.write(f"step {step}: valid perplexity {valid['perplexity']:.2f}"
-                       + "".join(f", {layer} worth {value:+.2%}" for layer, value in worth.items()))
-        _handle_collapses(guard, guard.observe_contribution(step, worth), last_checkpoint)
-        window_start = mark = time.time()  # tokens/s and train_seconds count training time only
+      run.window.add(metrics)
+      run.progress.update(1)
+      if schedule.logs(step):
+        actions.log_window(run, step)
+      if schedule.ends_stage1(step):
+        with clock.paused():
+          actions.end_stage1(run, step, state.params)
+      if schedule.evaluates(step):
+        with clock.paused():
+          actions.evaluate_and_judge(run, step, state.params)
       if stop_at_step is not None and step == stop_at_step:
         return {"stopped_at_step": step}
-      if step % train_cfg.checkpoint_every == 0 or step == train_cfg.steps:
-        _check_finite(float(metrics["loss"]), step, last_checkpoint)
-        if writer and window_metrics:  # the count a resumption from this checkpoint starts from
-          writer.write(step, {"trained_tokens": trained_tokens + _scored_tokens(jax.device_get(window_metrics))})
-        exp.checkpointer.save(step, state, train_iter.get_state())
-        last_checkpoint = step
-    progress.close()
-    train_seconds = train_seconds + time.time() - mark
+      if schedule.saves(step):
+        actions.save(run, step, state, metrics["loss"], train_iter)
+    run.progress.close()
+    train_seconds = clock.seconds()
     summary = {
         "steps": train_cfg.steps,
         "stage1_steps": train_cfg.stage1_steps,
         "device": device_record(),  # speed columns compare only runs on one kind of device, each alone on it
         "num_groups": cfg.model.moe.num_groups,  # the routing groups it trained with (0 in the config: one a device)
-        "train_seconds_this_run": round(time.time() - started, 1),
+        "train_seconds_this_run": round(clock.wall_seconds(), 1),
         "train_seconds": round(train_seconds, 1),  # all runs of this workdir, evaluations excluded
-        "tokens_per_second": round(train_cfg.steps * tokens_per_step / max(train_seconds, 1e-9), 1),
+        "tokens_per_second": round(train_cfg.steps * run.tokens_per_step / max(train_seconds, 1e-9), 1),
         "distill_agreement_at_boundary": last_logged(exp.workdir, "distill_agreement_at_boundary", train_cfg.steps),
         "eval": exp.eval_mode(),
         "valid": exp.evaluate(state.params, "valid", exp.final_eval_batches),
@@ -321,7 +259,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       (exp.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
   finally:
-    progress.close()
+    run.progress.close()
     exp.checkpointer.wait()
     exp.checkpointer.close()
     if writer:

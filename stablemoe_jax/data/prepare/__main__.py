@@ -1,53 +1,12 @@
-"""`python -m stablemoe_jax.data.prepare --config CONFIG --workdir DIR [--workers N]`: corpora at any size.
-
-A language-model config is prepared by ``lm.py``, a translation config (``config.task = "translation"``) by
-``translation.py``; both write into ``DIR/data``, where ``python -m stablemoe_jax.main`` then reads them.
-"""
-from __future__ import annotations
-
-import json
-import pathlib
-
+"""`python -m stablemoe_jax.data.prepare --config CONFIG --workdir DIR [--workers N]`: the command's documented
+name. The command itself (flags, config check, user errors) is ``stablemoe_jax/commands/prepare.py``, an entry
+point above the layers; this file imports nothing else of the package, so the data layer knows no entry point and
+no experiment."""
 from absl import flags
-from ml_collections import config_flags
 
-from stablemoe_jax import cli
-from stablemoe_jax.data.prepare import lm as lm_prepare
-from stablemoe_jax.data.prepare import translation as prepare_translation
-from stablemoe_jax.data.prepare.lm import Options
-from stablemoe_jax.experiment.config_validation import validate_config
+from stablemoe_jax.commands import prepare
 
-
-def main(argv: list[str]) -> None:
-  del argv
-  f = flags.FLAGS
-  options = Options(f.shard_mb, f.shard_pairs, f.chunk_tokens, f.sentencepiece_sample_lines, f.batch_lines,
-                    f.workers, f.skip_bad_files, f.beam_args)
-  if f.config.get('task', 'lm') == 'translation':
-    validate_config(f.config)  # Before any work: the config main will be run with (pairs, files' globs, ...).
-    report = prepare_translation.prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)
-  else:
-    report = lm_prepare.prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)
-  print(json.dumps(report))
-
-
-def _define_flags() -> None:
-  config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file (its data section is used).')
-  flags.DEFINE_string('workdir', None, 'The run directory; the data go to WORKDIR/data, where main reads them.')
-  flags.DEFINE_integer('workers', 1, 'Beam worker processes on this machine; 0: no Beam, one process.')
-  flags.DEFINE_bool('skip_bad_files', False, 'Leave out input files with a non-UTF-8 or unreadable line '
-                    '(listed in the report) instead of stopping.')
-  flags.DEFINE_string('beam_args', '', 'Beam pipeline options for a cluster runner, e.g. '
-                      '"--runner=FlinkRunner --flink_master=host:8081 --environment_type=LOOPBACK".')
-  flags.DEFINE_float('shard_mb', Options.shard_mb, 'MiB of plain text per shard (a compressed file is one shard).')
-  flags.DEFINE_integer('shard_pairs', Options.shard_pairs, 'Translation: sentence pairs per shard.')
-  flags.DEFINE_integer('chunk_tokens', Options.chunk_tokens, 'Tokens per array_record record.')
-  flags.DEFINE_integer('sentencepiece_sample_lines', Options.sentencepiece_sample_lines,
-                       'sentencepiece trains on a seeded sample of at most this many train lines.')
-  flags.DEFINE_integer('batch_lines', Options.batch_lines, 'Lines a worker tokenizes at once (bounds its memory).')
-  flags.mark_flags_as_required(['config', 'workdir'])
-
-
-if __name__ == '__main__':
-  _define_flags()
-  cli.run_app(main)
+if __name__ == "__main__":
+  prepare.define_flags()
+  flags.adopt_module_key_flags(prepare)  # `--help` lists the command's flags, as when they were defined here
+  prepare.run()

@@ -1,0 +1,190 @@
+"""What the training loop does between steps, one named action each: log a window, end stage 1, evaluate and
+judge, save; and at which steps (``Schedule``).
+
+Every action reads and writes the run's shared record (``RunRecord``: writer, progress bar, health guard, clock,
+the current window, the scored-token count, the last checkpoint). The loop (``loop.train_and_evaluate``) pauses
+the clock around the actions that are not training (``TrainClock.paused``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import tqdm
+
+from stablemoe_jax.analysis.contribution import layer_contributions
+from stablemoe_jax.core.errors import NonFiniteLossError
+from stablemoe_jax.experiment.clock import TrainClock
+from stablemoe_jax.train import health as health_lib
+from stablemoe_jax.train.metrics import MetricWriter
+from stablemoe_jax.train.state import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """At which steps each action runs (from ``config.train``); the last step logs and saves, but is neither
+  evaluated nor a stage boundary here: the final evaluations follow the loop."""
+  steps: int
+  stage1_steps: int
+  log_every: int
+  eval_every: int
+  checkpoint_every: int
+
+  @classmethod
+  def from_config(cls, train_cfg: ml_collections.ConfigDict) -> "Schedule":
+    return cls(train_cfg.steps, train_cfg.stage1_steps, train_cfg.log_every, train_cfg.eval_every,
+               train_cfg.checkpoint_every)
+
+  def logs(self, step: int) -> bool:
+    """Every ``log_every`` steps and at the last."""
+    return step % self.log_every == 0 or step == self.steps
+
+  def ends_stage1(self, step: int) -> bool:
+    """At ``stage1_steps``, unless that is the last step (a stage-1-only run)."""
+    return step == self.stage1_steps and step != self.steps
+
+  def evaluates(self, step: int) -> bool:
+    """Every ``eval_every`` steps but the last."""
+    return step % self.eval_every == 0 and step != self.steps
+
+  def saves(self, step: int) -> bool:
+    """Every ``checkpoint_every`` steps and at the last."""
+    return step % self.checkpoint_every == 0 or step == self.steps
+
+
+class Window:
+  """The step metrics since the last logged window (device values, fetched when the window is logged), and the
+  training clock's reading when the window began."""
+
+  def __init__(self, clock: TrainClock):
+    self._clock = clock
+    self.restart()
+
+  def restart(self) -> None:
+    self.metrics: list[dict] = []
+    self.started_at = self._clock.seconds()
+
+  def add(self, metrics: dict) -> None:
+    self.metrics.append(metrics)
+
+  def scored_tokens(self) -> float:
+    """The scored tokens of the window's steps so far (fetches them)."""
+    return scored_tokens(jax.device_get(self.metrics))
+
+
+@dataclasses.dataclass
+class RunRecord:
+  """What the actions share. ``writer`` is None off the chief process; ``trained_tokens``: the scored training
+  tokens (the loss's weights: translation's real target tokens) up to the last logged window, summed over the
+  runs this one resumes; ``last_checkpoint``: the step of the last checkpoint saved or resumed from (None: none)."""
+  exp: Any  # the run's loop.Experiment
+  writer: MetricWriter | None
+  progress: tqdm.tqdm
+  guard: health_lib.CollapseGuard
+  clock: TrainClock
+  window: Window
+  tokens_per_step: int
+  trained_tokens: float
+  last_checkpoint: int | None
+
+
+def scored_tokens(window: list[dict]) -> float:
+  """The scored tokens of a window's fetched step metrics (0 for a task without loss weights)."""
+  return float(sum(m.get("scored_tokens", 0.0) for m in window))
+
+
+def check_finite(loss: float, step: int, last_checkpoint: int | None) -> None:
+  """NonFiniteLossError, naming the checkpoint a rerun resumes from and the settings to change, unless ``loss``
+  is finite."""
+  if not math.isfinite(loss):
+    raise NonFiniteLossError(
+        f"the training loss is {loss} at step {step}. No checkpoint was written after it; the last one is "
+        f"step {last_checkpoint}, and rerunning resumes there. Lower --config.train.learning_rate, "
+        f"lengthen --config.train.warmup_steps or tighten --config.train.clip_norm."
+    )
+
+
+def handle_collapses(guard: health_lib.CollapseGuard, collapses: list[health_lib.Collapse],
+                     last_checkpoint: int | None, announce: bool = True) -> None:
+  """Acts on the guard's new findings: one message each (stderr); a dead layer raises CollapseError with "stop".
+
+  ``announce=False`` (verdicts replayed on resumption): the interrupted run has printed them already.
+  """
+  for collapse in collapses:
+    if collapse.dead and guard.settings.on_collapse == "stop":
+      raise health_lib.CollapseError(health_lib.stop_message(collapse, last_checkpoint))
+    if announce and jax.process_index() == 0:
+      tqdm.tqdm.write(collapse.message(), file=sys.stderr)
+
+
+def log_window(run: RunRecord, step: int) -> None:
+  """Logs the window's mean step metrics at ``step`` with its tokens/s (on the training clock), the training
+  seconds and the scored tokens so far; stops on a non-finite loss, lets the guard judge the window, and starts
+  the next window.
+
+  The fetch and the clock reading come first, so the window's time includes waiting for its steps; the
+  logging itself counts in ``train_seconds`` but in no window (the next one starts after it).
+  """
+  window = jax.device_get(run.window.metrics)
+  averaged = {k: np.mean([m[k] for m in window], axis=0) for k in window[0]}
+  averaged["stage"] = window[-1]["stage"]
+  now = run.clock.seconds()
+  averaged["tokens_per_second"] = len(window) * run.tokens_per_step / (now - run.window.started_at)
+  averaged["train_seconds"] = now
+  run.trained_tokens += scored_tokens(window)
+  averaged["trained_tokens"] = run.trained_tokens
+  check_finite(float(averaged["loss"]), step, run.last_checkpoint)
+  if run.writer:
+    run.writer.write(step, averaged)
+  run.progress.set_postfix(loss=f"{averaged['task_loss']:.3f}", stage=int(averaged["stage"]),
+                           tok_s=f"{averaged['tokens_per_second']:.0f}", **health_lib.progress_summary(averaged))
+  handle_collapses(run.guard, run.guard.observe(step, averaged), run.last_checkpoint)
+  run.window.restart()
+
+
+def end_stage1(run: RunRecord, step: int, params) -> None:
+  """The stage-1 boundary: logs how often the distilled router agrees with the learned routing on the first
+  ``train.eval_batches`` validation batches (nothing for a model without a distilled router)."""
+  exp = run.exp
+  agreement = exp.routing_agreement(params, "valid", exp.config.train.eval_batches)
+  if run.writer and agreement is not None:
+    run.writer.write(step, {"distill_agreement_at_boundary": agreement})
+    run.progress.write(f"step {step} (end of stage 1): distilled router agrees with the learned routing on "
+                       f"{agreement:.1%} of validation tokens")
+
+
+def evaluate_and_judge(run: RunRecord, step: int, params) -> None:
+  """Validation loss and perplexity on the first ``train.eval_batches`` batches, and what each MoE layer is worth
+  on the same batches (the health verdict's contribution rule), logged with the training seconds and the scored
+  tokens to this step; the guard then judges the contributions."""
+  exp = run.exp
+  eval_batches = exp.config.train.eval_batches
+  valid = exp.evaluate(params, "valid", eval_batches)
+  worth = {layer: c["relative_perplexity_increase"] for layer, c in layer_contributions(
+      lambda p, n: exp.evaluate(p, "valid", n), params, eval_batches, full=valid)["layers"].items()}
+  if run.writer:
+    run.writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"],
+                            **{f"moe/{layer}/contribution": value for layer, value in worth.items()},
+                            "train_seconds": run.clock.seconds(),
+                            "trained_tokens": run.trained_tokens + run.window.scored_tokens()})
+  run.progress.write(f"step {step}: valid perplexity {valid['perplexity']:.2f}"
+                     + "".join(f", {layer} worth {value:+.2%}" for layer, value in worth.items()))
+  handle_collapses(run.guard, run.guard.observe_contribution(step, worth), run.last_checkpoint)
+
+
+def save(run: RunRecord, step: int, state: TrainState, loss, train_iter) -> None:
+  """Saves a checkpoint of ``state`` and the position of ``train_iter`` (a grain iterator; async) unless the
+  step's ``loss`` is not finite, first logging the scored tokens a resumption from it starts from (when the
+  window has steps).
+
+  The clock runs on: the save's time (starting the async write) counts as training time, as it always has."""
+  check_finite(float(loss), step, run.last_checkpoint)
+  if run.writer and run.window.metrics:
+    run.writer.write(step, {"trained_tokens": run.trained_tokens + run.window.scored_tokens()})
+  run.exp.checkpointer.save(step, state, train_iter.get_state())
+  run.last_checkpoint = step

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.models.moe import SHUFFLE_RNG
 from stablemoe_jax.models.routers import post_update_hook
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
@@ -39,7 +40,8 @@ def head_kwargs(model) -> dict:
   """``{"head_inputs": True}`` when ``model.loss_chunk_tokens`` > 0: the model then returns the head's inputs and
   the task's loss computes the head in chunks (``models/head.py``); else no keyword (the model returns logits)."""
   config = getattr(model, "config", None)
-  return {"head_inputs": True} if config is not None and config.get("loss_chunk_tokens", 0) > 0 else {}
+  chunked = config is not None and settings_lib.typed(settings_lib.ModelSettings, config).loss_chunk_tokens > 0
+  return {"head_inputs": True} if chunked else {}
 
 
 def step_rngs(step_key: jax.Array) -> dict[str, jax.Array]:
@@ -67,7 +69,7 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task=None) 
   base_key = jax.random.key(config.seed)
   task = task or LanguageModelTask()
   head = head_kwargs(model)
-  post_update = post_update_hook(config.get("model"))  # the router's own hook, None for most
+  post_update = post_update_hook(getattr(config, "model", None))  # the router's own hook, None for most
 
   def grads_and_metrics(params, batch: Batch, stage1: jax.Array, step_key: jax.Array):
     def loss_fn(params):

@@ -98,9 +98,11 @@ def cosine_kwargs(settings) -> dict:
 
 
 def expert_norm(settings) -> float:
-  """The norm the centroids are held at (0: not held), from a router section."""
-  kwargs = cosine_kwargs(settings)
-  return float(kwargs["cosine_expert_norm"]) if kwargs["affinity"] == "cosine" else 0.0
+  """The norm the centroids are held at (0: not held), from a router section (0 for a router without the affinity
+  keys)."""
+  if not all(hasattr(settings, key) for key in COSINE_KEYS) or settings.affinity != "cosine":
+    return 0.0
+  return float(settings.cosine_expert_norm)
 
 
 def expert_norm_hook(model_config) -> Callable[[dict], dict] | None:

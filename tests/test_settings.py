@@ -16,7 +16,7 @@ from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.experiment.config_validation import validate_config
 from stablemoe_jax.models import routers
 
-UNTYPED = ("data", "decode", "compare")
+UNTYPED = ("data", "compare")
 
 
 def _fields(cls, prefix: str = "") -> dict[str, dataclasses.Field]:
@@ -47,7 +47,8 @@ def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
 
 def test_default_preset_is_the_dataclass_defaults_key_for_key():
   preset, fields = _leaves(default.get_config().to_dict()), _fields(settings.RunSettings)
-  translation_only = {"task", "train.schedule", "train.label_smoothing", "eval.max_sentences"}
+  translation_only = {"task", "train.schedule", "train.label_smoothing", "eval.max_sentences"} | {
+      key for key in fields if key.startswith("decode.")}
   assert set(preset) == set(fields) - translation_only
   assert {key: value for key, value in preset.items()} == {key: fields[key].default for key in preset}
   assert settings.from_config(default.get_config()) == dataclasses.replace(
@@ -62,6 +63,7 @@ def test_translation_preset_keys_are_fields_and_the_added_ones_exist():
   typed = settings.from_config(mt_cpu.get_config())
   assert (typed.task, typed.train.schedule, typed.train.label_smoothing) == ("translation", "inverse_sqrt", 0.1)
   assert typed.data.pairs == mt_cpu.get_config().data.pairs  # untyped sections pass through as given
+  assert typed.decode == settings.DecodeSettings()  # the translation preset's decoding is the default
 
 
 def test_registry_entries_own_the_router_sections():

@@ -8,7 +8,8 @@ key or a value of the wrong type is an error. The readers of a section (the mode
 guard, ...) call it on what they are given, so they read typed fields whether handed the validated settings
 (:func:`from_config`) or a hand-built section.
 
-Sections still read from the ConfigDict: ``data`` (its keys differ by task and corpus), ``decode`` and ``compare``.
+Sections still read from the ConfigDict: ``data`` (its keys, and what an absent one means, differ by task and
+corpus) and ``compare`` (a sweep's grid, read by ``compare/``).
 """
 from __future__ import annotations
 
@@ -21,18 +22,18 @@ from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.core.settings.model import MoESettings, ModelSettings
 from stablemoe_jax.core.settings.routers import (BaseSettings, DeepSeekSettings, DistilledRouterSettings,
                                                  HashSettings, StableMoESettings, SwitchSettings, setting)
-from stablemoe_jax.core.settings.run import (AnalysisSettings, EvalSettings, HealthSettings, MeshSettings,
-                                             TrainSettings)
+from stablemoe_jax.core.settings.run import (AnalysisSettings, DecodeSettings, EvalSettings, HealthSettings,
+                                             MeshSettings, TrainSettings)
 
-__all__ = ["AnalysisSettings", "BaseSettings", "DeepSeekSettings", "DistilledRouterSettings", "EvalSettings",
+__all__ = ["AnalysisSettings", "BaseSettings", "DecodeSettings", "DeepSeekSettings", "DistilledRouterSettings", "EvalSettings",
            "HashSettings", "HealthSettings", "MeshSettings", "MoESettings", "ModelSettings", "RunSettings",
            "StableMoESettings", "SwitchSettings", "TrainSettings", "absent_value", "from_config", "typed"]
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-  """A whole validated config: the typed sections, and those still untyped as given (``data``, ``decode``,
-  ``compare``: None where the config has none)."""
+  """A whole validated config: the typed sections, and those still untyped as given (``data``, ``compare``: None
+  where the config has none)."""
 
   seed: int = setting(0, "the run's seed (parameters, dropout, routing shuffles, data order)")
   task: str = setting("lm", "lm | translation (configs written before the key existed are language models)")
@@ -44,13 +45,14 @@ class RunSettings:
   analysis: AnalysisSettings = dataclasses.field(default_factory=AnalysisSettings,
                                                  metadata={"help": "routing analysis"})
   data: Any = dataclasses.field(default=None, metadata={"help": "the corpus (untyped: its keys differ by task)"})
-  decode: Any = dataclasses.field(default=None, metadata={"help": "translation decoding (untyped)"})
+  decode: DecodeSettings = dataclasses.field(default_factory=DecodeSettings,
+                                             metadata={"help": "translation decoding"})
   compare: Any = dataclasses.field(default=None, metadata={"help": "a sweep's grid (untyped)"})
 
 
-_UNTYPED = ("data", "decode", "compare")  # RunSettings fields kept as the config gives them
+_UNTYPED = ("data", "compare")  # RunSettings fields kept as the config gives them
 _SECTION_PATHS = {RunSettings: "", ModelSettings: "model", MoESettings: "model.moe", TrainSettings: "train",
-                  EvalSettings: "eval", MeshSettings: "mesh", HealthSettings: "health",
+                  EvalSettings: "eval", DecodeSettings: "decode", MeshSettings: "mesh", HealthSettings: "health",
                   AnalysisSettings: "analysis", StableMoESettings: "model.moe.stablemoe",
                   SwitchSettings: "model.moe.switch", BaseSettings: "model.moe.base", HashSettings: "model.moe.hash",
                   DeepSeekSettings: "model.moe.deepseek", DistilledRouterSettings: "model.moe.distilled_router"}

@@ -74,3 +74,14 @@ class AnalysisSettings:
   sample_tokens: int = setting(4096, "that sample: the validation split's first tokens, in rows of train.seq_len")
   top_tokens: int = setting(10, "cohesion table: the most frequent tokens listed per expert")
   report_at_end: bool = setting(True, "after training, write cohesion, load and fluctuation to workdir/analysis")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+  """``decode`` (translation): BLEU at the end of training, ``--mode=eval``, ``--mode=translate``."""
+
+  beam_size: int = setting(5, "beam width; 1: greedy search")
+  length_penalty: float = setting(1.0, "a finished hypothesis scores logprob_sum / length**a (fairseq's lenpen)")
+  max_len: int = setting(0, "generated tokens (eos included); 0: model.max_len")
+  batch_size: int = setting(64, "sentences decoded together")
+  sets: str = setting("all", "the final BLEU on every test set; primary: each pair's table column only")

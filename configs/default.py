@@ -170,8 +170,8 @@ def get_config() -> ml_collections.ConfigDict:
   # says so under "eval"). 0: the whole split, as every reported result.
   config.eval.max_batches = 0
 
-  # Router health (docs/router_health.md): one verdict for every router, on what each MoE layer does. The defaults
-  # must equal stablemoe_jax/core/constants.py HEALTH_DEFAULTS.
+  # Router health (docs/router_health.md): one verdict for every router, on what each MoE layer does. The
+  # defaults and descriptions: stablemoe_jax/core/settings (HealthSettings).
   config.health = ml_collections.ConfigDict()
   config.health.min_contribution = 0.01  # dead: removing the layer raises valid perplexity by less than 1%
   config.health.max_top2_load = 0.9  # dead: its two busiest experts take more than 90% of the tokens (N > 2)

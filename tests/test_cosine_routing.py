@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from configs import default, tune_cpu
+from stablemoe_jax.core.settings.routers import COSINE_KEYS
 from stablemoe_jax.compare import methods
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
@@ -200,7 +201,7 @@ def test_switch_with_the_new_keys_at_their_defaults_is_the_router_before_them_bi
   moe = default.get_config().model.moe
   moe.router = "switch"
   old = ml_collections.ConfigDict(moe.to_dict())
-  for key in cosine_routing.COSINE_DEFAULTS:
+  for key in COSINE_KEYS:
     del old.switch[key]
   h = jax.random.normal(jax.random.key(0), (32, 16)) * 3
   ids = jnp.zeros(32, jnp.int32)

@@ -1,6 +1,7 @@
 """DeepSeek-V3's bias-balanced sigmoid router against hand computations: its choices and gates, the sequence-wise
 balance loss, the bias update over a few steps (by hand and in the train step, where the optimizer never moves the
 bias), the layer against a per-token loop, its gate range and a planted collapse, its config errors."""
+import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ import pytest
 from conftest import jit_init
 
 from configs import default
+from stablemoe_jax.core.settings import DeepSeekSettings
 from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models import deepseek_router, routers
 from stablemoe_jax.models.moe import make_moe_layer
@@ -19,14 +21,14 @@ D, FF, E, SUB, VOCAB = 8, 16, 4, 2, 11
 
 
 def section(**changes):
-  return ml_collections.ConfigDict({**deepseek_router.DEFAULTS, **changes})
+  return ml_collections.ConfigDict({**dataclasses.asdict(DeepSeekSettings()), **changes})
 
 
 def moe_config(capacity_factor=2.0, **changes):
   return ml_collections.ConfigDict(dict(
       router="deepseek", num_experts=E, capacity_factor=capacity_factor, eval_capacity_factor=capacity_factor,
       d_ff=FF, num_groups=1, shuffle_tokens=False, dispatcher="index", eval_dispatcher="index",
-      deepseek={**deepseek_router.DEFAULTS, **changes}))
+      deepseek={**dataclasses.asdict(DeepSeekSettings()), **changes}))
 
 
 def np_sigmoid(x):

@@ -2,6 +2,8 @@
 guard: test_health_guard.py)."""
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import math
 
@@ -14,6 +16,7 @@ import pytest
 from conftest import jit_init
 
 from configs import default
+from stablemoe_jax.core.settings import HealthSettings
 from stablemoe_jax.analysis import cohesion, contribution
 from stablemoe_jax.compare import report
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
@@ -238,7 +241,7 @@ def test_with_shared_experts_the_verdict_judges_the_routed_experts_and_reports_t
 # --- the config -----------------------------------------------------------------------------------------------------
 
 def test_default_health_section_is_the_guard_defaults_and_every_preset_loads():
-  assert default.get_config().health.to_dict() == health.DEFAULTS
+  assert default.get_config().health.to_dict() == dataclasses.asdict(HealthSettings())
   for name in ("default", "compare_cpu", "lm_base", "lm_large"):
     validate_config(importlib.import_module(f"configs.{name}").get_config())
   config = default.get_config()

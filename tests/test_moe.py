@@ -1,4 +1,5 @@
 """The MoE layer and StableMoE router against independent per-token references."""
+import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ from conftest import jit_init
 
 from stablemoe_jax.models import buffers as buffers_lib
 from stablemoe_jax.models import capacity as capacity_lib
-from stablemoe_jax.models.learned_router import DISTILLED_ROUTER_DEFAULTS
+from stablemoe_jax.core.settings import DistilledRouterSettings
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.routing import stablemoe_balance_loss
 from stablemoe_jax.models.stablemoe_router import StableMoERouter
@@ -23,7 +24,7 @@ def moe_config(capacity_factor=2.0, eval_capacity_factor=0.0, num_groups=1, disp
       eval_capacity_factor=eval_capacity_factor, d_ff=FF, num_groups=num_groups, shuffle_tokens=False,
       dispatcher=dispatcher,
       stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1),
-      distilled_router={**DISTILLED_ROUTER_DEFAULTS, "dim": 5},
+      distilled_router={**dataclasses.asdict(DistilledRouterSettings()), "dim": 5},
   ))
 
 

@@ -2,6 +2,8 @@
 StableMoE freeze, each router's run): test_routers_training.py."""
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import flax.linen as nn
@@ -19,7 +21,9 @@ from stablemoe_jax.models import distill, hash_router, routers, stablemoe_router
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
 from stablemoe_jax.models.base_router import BalancedAssignment
 from stablemoe_jax.models.hash_router import HashRouter, balanced_hash_table
-from stablemoe_jax.models.learned_router import DISTILLED_ROUTER_DEFAULTS, DistilledRouterSpec, LearnedRouter
+from stablemoe_jax.core import settings as settings_lib
+from stablemoe_jax.core.settings import DistilledRouterSettings, absent_value
+from stablemoe_jax.models.learned_router import DistilledRouterSpec, LearnedRouter
 from stablemoe_jax.models.switch_router import SwitchSoftmax
 from stablemoe_jax.models.transformer import TransformerLM, moe_positions
 
@@ -321,14 +325,17 @@ def test_dense_flops_has_the_moe_models_flops_a_token_less_its_routers(placement
 def test_default_router_sections_equal_the_registry_defaults_but_their_preset_keys():
   moe = default.get_config().model.moe
   for name, entry in routers.ROUTERS.items():
-    assert set(moe[name].keys()) == set(entry.defaults), name
-    assert set(entry.preset_keys) <= set(entry.defaults), name
-    differing = {key for key in entry.defaults if moe[name][key] != entry.defaults[key]}
+    fields = {f.name for f in dataclasses.fields(entry.settings)}
+    assert set(moe[name].keys()) == fields, name
+    assert set(entry.preset_keys) <= fields, name
+    differing = {key for key in fields if moe[name][key] != absent_value(entry.settings, key)}
     assert differing <= set(entry.preset_keys), (name, differing)
-  # The CPU default's two small-scale deviations (docs/tuning.md); the registry keeps the paper's values.
-  assert moe.stablemoe.balance_scope == "all" and routers.ROUTERS["stablemoe"].defaults["balance_scope"] == "assigned"
-  assert moe.stablemoe.affinity == "cosine" and routers.ROUTERS["stablemoe"].defaults["affinity"] == "dot"
-  assert moe.distilled_router.to_dict() == DISTILLED_ROUTER_DEFAULTS
+    assert type(settings_lib.typed(settings_lib.MoESettings, moe).router_settings(name)) is entry.settings, name
+  # The CPU default's two small-scale deviations (docs/tuning.md); a config without the keys has the paper's values.
+  assert moe.stablemoe.balance_scope == "all" and absent_value(routers.ROUTERS["stablemoe"].settings,
+                                                               "balance_scope") == "assigned"
+  assert moe.stablemoe.affinity == "cosine" and absent_value(routers.ROUTERS["stablemoe"].settings, "affinity") == "dot"
+  assert moe.distilled_router.to_dict() == dataclasses.asdict(DistilledRouterSettings())
 
 
 @pytest.mark.parametrize("router, key, value, message", [

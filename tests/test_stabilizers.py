@@ -2,6 +2,8 @@
 default (the routing and the optimizer exactly as without it), each bad value one clear ConfigError."""
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,8 @@ from configs import default
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.models import cosine_routing, routers, stablemoe_router
 from stablemoe_jax.models.experts import FFNExperts
-from stablemoe_jax.models.learned_router import DISTILLED_ROUTER_DEFAULTS, LearnedRouter
+from stablemoe_jax.core.settings import DistilledRouterSettings, StableMoESettings, absent_value
+from stablemoe_jax.models.learned_router import LearnedRouter
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.stablemoe_router import GreedySigmoid
 from stablemoe_jax.train import optimizer
@@ -52,7 +55,7 @@ def test_torch_bias_init_bounds_and_layer_output_hand_computed():
   cfg = ml_collections.ConfigDict(dict(
       router="stablemoe", num_experts=E, capacity_factor=4.0, eval_capacity_factor=0.0, d_ff=FF, num_groups=1,
       shuffle_tokens=False, dispatcher="index", expert_bias_init="torch",
-      stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1), distilled_router={**DISTILLED_ROUTER_DEFAULTS, "dim": 5}))
+      stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1), distilled_router={**dataclasses.asdict(DistilledRouterSettings()), "dim": 5}))
   layer = make_moe_layer(cfg, VOCAB, SUB, FF)
   x = jax.random.normal(jax.random.key(3), (2, 6, D))
   ids = jnp.zeros((2, 6), jnp.int32)
@@ -115,7 +118,7 @@ def test_dot_product_stablemoe_router_is_the_router_before_the_new_keys_bit_for_
   z-loss) builds the same router, parameters and outputs as a section without the new keys (the code before them)."""
   moe = default.get_config().model.moe
   for key in ("z_loss_weight", "affinity", "cosine_dim", "cosine_temperature"):
-    moe.stablemoe[key] = stablemoe_router.DEFAULTS[key]
+    moe.stablemoe[key] = absent_value(StableMoESettings, key)
   old = ml_collections.ConfigDict(moe.to_dict())
   for key in ("z_loss_weight", "affinity", "cosine_dim", "cosine_temperature"):
     del old.stablemoe[key]

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablemoe_jax.analysis.routes import sorted_layers
-from stablemoe_jax.core.constants import HEALTH_DEFAULTS
+from stablemoe_jax.core.settings import HealthSettings, typed
 
 ZEROED = ("w_out", "b_out")  # the expert parameters that make every residual sublayer the identity
 SHARED_EXPERTS = "shared_experts"  # a MoE layer's always-on experts (models/moe.py), apart from the routed "experts"
@@ -102,7 +102,6 @@ def layer_contributions(evaluate, params: dict, max_batches: int = 0, full: dict
 def experiment_contributions(exp, params: dict, split: str = "valid") -> dict:
   """:func:`layer_contributions` of a run on ``split``'s first ``health.contribution_batches`` batches, the whole
   layer's worth included where a layer has shared experts."""
-  section = exp.config.get("health") or {}
-  max_batches = int(section.get("contribution_batches", HEALTH_DEFAULTS["contribution_batches"]))
+  max_batches = int(typed(HealthSettings, exp.config.health if "health" in exp.config else None).contribution_batches)
   result = layer_contributions(lambda p, n: exp.evaluate(p, split, n), params, max_batches, whole_layer=True)
   return {"split": split, **result}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.decoding import bleu
 from stablemoe_jax.decoding.translate_lines import translate_lines
 from stablemoe_jax.decoding.translator import make_translate_fn
@@ -38,11 +39,12 @@ def bleu_report(config, data, params, split: str, mesh=None) -> dict:
   settings = decode_settings(config)
   translate_fn = make_translate_fn(config.model, settings["beam_size"], settings["max_len"],
                                    settings["length_penalty"], mesh=mesh)
-  limit = config.eval.get("max_sentences", 0)
+  limit = settings_lib.typed(settings_lib.EvalSettings, config.eval).max_sentences
+  decode = settings_lib.typed(settings_lib.DecodeSettings, config.decode)
   sets, truncated, sentences, seconds, signature = {}, 0, 0, 0.0, ""
   split_sets = data.split_sets(split)
   primary_names = primary_set_names(split_sets)
-  if config.decode.get("sets", "all") == "primary":
+  if decode.sets == "primary":
     split_sets = [s for s in split_sets if primary_names[s.pair] == s.name]
   for encoded in split_sets:
     sources, references = data.raw_text(encoded.pair, encoded.name)
@@ -56,5 +58,5 @@ def bleu_report(config, data, params, split: str, mesh=None) -> dict:
   primary = {pair: named[primary_names[pair]] for pair, named in sets.items()}
   return {"signature": signature, "split": split, "decode": settings, "per_pair": primary,
           "average": round(float(np.mean(list(primary.values()))), 2), "sets": sets,
-          "truncated_sources": truncated, "max_sentences": limit, "decoded_sets": config.decode.get("sets", "all"),
+          "truncated_sources": truncated, "max_sentences": limit, "decoded_sets": decode.sets,
           "sentences_per_second": round(sentences / max(seconds, 1e-9), 2)}

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pathlib
 
 from stablemoe_jax.analysis import recorder as analysis_checks
-from stablemoe_jax.core.constants import TASK_NAMES
+from stablemoe_jax.core import settings as settings_lib
+from stablemoe_jax.core.constants import TASK_NAMES, task_name
 from stablemoe_jax.core.errors import ConfigError  # noqa: F401  (re-exported: raised by every check)
 from stablemoe_jax.core.errors import DataNotFoundError
 from stablemoe_jax.core.errors import require as _require
@@ -32,8 +33,8 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
       (``model_checks.check_devices``, ``analysis_checks.check_devices``). ``model.moe.num_groups`` must then be
       resolved (``parallel.mesh.resolve_layout``): the launch and the plan make the same checks.
   """
-  model, train = config.model, config.train
-  task = config.get("task", "lm")
+  run = settings_lib.from_config(config)  # unknown keys and values of the wrong type first
+  model, train, task = run.model, run.train, run.task
   _require(task in TASK_NAMES, f"task={task!r} is unknown; choose one of {TASK_NAMES}.")
   _require(train.steps > 0, f"train.steps={train.steps} must be positive.")
   _require(
@@ -48,23 +49,23 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
            f"train.batch_size={train.batch_size} must be a positive multiple of "
            f"train.microbatches={train.microbatches}.")
   _require(train.learning_rate > 0, f"train.learning_rate={train.learning_rate} must be positive.")
-  _require(train.get("router_lr_scale", 1.0) > 0,
-           f"train.router_lr_scale={train.get('router_lr_scale')} must be > 0 (1: the routers share the lr).")
-  _require(train.get("router_warmup_steps", 0) >= 0,
-           f"train.router_warmup_steps={train.get('router_warmup_steps')} must be >= 0 (0: no router warmup).")
+  _require(train.router_lr_scale > 0,
+           f"train.router_lr_scale={train.router_lr_scale} must be > 0 (1: the routers share the lr).")
+  _require(train.router_warmup_steps >= 0,
+           f"train.router_warmup_steps={train.router_warmup_steps} must be >= 0 (0: no router warmup).")
   for key in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
-    _require(train[key] > 0, f"train.{key}={train[key]} must be positive.")
+    _require(getattr(train, key) > 0, f"train.{key}={getattr(train, key)} must be positive.")
   for section in ("train", "eval"):
-    seq_len = config[section].seq_len
+    seq_len = getattr(run, section).seq_len
     _require(0 < seq_len <= model.max_len,
              f"{section}.seq_len={seq_len} must lie in (0, model.max_len={model.max_len}]; "
              f"raise --config.model.max_len or lower --config.{section}.seq_len.")
-  stride = config.eval.get("stride", 0)
-  _require(0 <= stride <= config.eval.seq_len,
-           f"eval.stride={stride} must lie in [0, eval.seq_len={config.eval.seq_len}]; 0 or eval.seq_len scores "
+  stride = run.eval.stride
+  _require(0 <= stride <= run.eval.seq_len,
+           f"eval.stride={stride} must lie in [0, eval.seq_len={run.eval.seq_len}]; 0 or eval.seq_len scores "
            f"non-overlapping blocks, a smaller stride sliding windows (e.g. --config.eval.stride=64).")
-  _require(config.eval.get("max_batches", 0) >= 0,
-           f"eval.max_batches={config.eval.get('max_batches')} must be >= 0 (0: the whole split).")
+  _require(run.eval.max_batches >= 0,
+           f"eval.max_batches={run.eval.max_batches} must be >= 0 (0: the whole split).")
   model_checks.check_model(config, data_vocab_size)
   health_lib.check_config(config)
   analysis_checks.check_config(config)
@@ -95,7 +96,7 @@ def check_prepared(config, workdir, config_arg: str = "CONFIG") -> None:
   command with ``config_arg`` (the ``--config`` given), made before anything is written, prepared or compiled.
   Other corpora (PTB, ``text``, Multi30k + Bible) are prepared by the run itself."""
   data, prepared_dir = config.data, pathlib.Path(workdir) / "data"
-  corpus, task = data.get("corpus", ""), config.get("task", "lm")
+  corpus, task = data.get("corpus", ""), task_name(config)
   if task == "lm" and corpus == "files":
     from stablemoe_jax.data.lm import prepared  # pylint: disable=import-outside-toplevel
     if prepared.is_sharded(prepared_dir):

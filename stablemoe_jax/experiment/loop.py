@@ -15,6 +15,7 @@ from stablemoe_jax import tasks as tasks_lib
 from stablemoe_jax.analysis.contribution import experiment_contributions
 from stablemoe_jax.analysis.recorder import RoutingRecorder
 from stablemoe_jax.experiment import actions
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.experiment import plan as plan_lib
 from stablemoe_jax.experiment.clock import TrainClock
 from stablemoe_jax.experiment.config_validation import check_backend, check_prepared, validate_config
@@ -61,6 +62,7 @@ class Experiment:
     self.config = config = ml_collections.ConfigDict(config.to_dict())
     if not config.model.vocab_size:
       config.model.vocab_size = self.data.vocab_size
+    self.settings = settings_lib.from_config(config)  # typed; self.config stays what is recorded
     if jax.process_index() == 0:
       (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     self.model = self.task.build_model(config.model)
@@ -124,9 +126,8 @@ class Experiment:
 
   def evaluate(self, params, split: str, max_batches: int = 0) -> dict[str, float]:
     """Perplexity on ``split`` with the inference routing; ``max_batches > 0`` evaluates a prefix."""
-    cfg = self.config.eval
     batches: Iterable = mesh_lib.global_batches(
-        self.task.eval_batches(self.data, self.config, split, stride=cfg.get("stride", 0)), self.mesh)
+        self.task.eval_batches(self.data, self.config, split, stride=self.settings.eval.stride), self.mesh)
     nll, tokens = 0.0, 0.0
     for i, batch in enumerate(batches):
       if max_batches > 0 and i >= max_batches:
@@ -145,7 +146,7 @@ class Experiment:
   @property
   def final_eval_batches(self) -> int:
     """The final and ``--mode=eval`` evaluations' batches per split (``eval.max_batches``; 0: the whole split)."""
-    return int(self.config.eval.get("max_batches", 0))
+    return int(self.settings.eval.max_batches)
 
   def routing_agreement(self, params, split: str = "valid", max_batches: int = 0) -> float | None:
     """Share of ``split``'s tokens whose distilled-router expert equals the learned (stage-1) expert.

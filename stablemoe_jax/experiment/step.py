@@ -58,7 +58,7 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task) -> Ca
   microbatches = config.train.microbatches
   schedule = learning_rate_schedule(config.train)
   base_key = jax.random.key(config.seed)
-  post_update = post_update_hook(config.get("model"))  # the router's own hook, None for most
+  post_update = post_update_hook(getattr(config, "model", None))  # the router's own hook, None for most
 
   def grads_and_metrics(params, batch: Batch, stage1: jax.Array, step_key: jax.Array):
     def loss_fn(params):

@@ -2,7 +2,7 @@
 tokens (the auction of ``balanced_assignment.py``), greedy at inference, sigmoid gate, no loss; with
 ``fixed_routing=True`` StableMoE's two stages (Table 5).
 
-Its settings are the section ``model.moe.base`` (``DEFAULTS``); ``models/routers.py`` registers it.
+Its settings are the section ``model.moe.base`` (``core.settings.BaseSettings``); ``models/routers.py`` registers it.
 Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
@@ -16,7 +16,6 @@ import jax.numpy as jnp
 from stablemoe_jax.models.balanced_assignment import balanced_assignment
 from stablemoe_jax.models.learned_router import LearnedRouter, two_stage_kwargs
 
-DEFAULTS = dict(auction_epsilon=1e-2, auction_max_rounds=1000, centroid_gain=0.1, fixed_routing=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +59,7 @@ class BalancedAssignment:
 
 def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
   """The router of ``model.moe.base`` (``settings``), named "router": one auction per routing group."""
-  num_groups = int(moe_config.get("num_groups", 1) or 1)
+  num_groups = int(moe_config.num_groups or 1)
   policy = BalancedAssignment(num_groups, settings.auction_epsilon, settings.auction_max_rounds)
   return LearnedRouter(num_experts=num_experts, policy=policy, vocab_size=vocab_size,
                        centroid_gain=settings.centroid_gain,

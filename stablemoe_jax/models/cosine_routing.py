@@ -1,6 +1,6 @@
 """X-MoE's cosine routing (Chi et al., 2022), shared by the learned routers that offer it (``stablemoe``, ``switch``).
 
-A learned router's section ``model.moe.<router>`` holds the keys of :data:`COSINE_DEFAULTS`:
+A learned router's section ``model.moe.<router>`` holds the keys of ``core.settings.routers.COSINE_KEYS``:
 
 - ``affinity``: "dot" (``s = h E^T``) or "cosine" (``s = cos(P h, E_i) * exp(logit_scale)``, the learned
   ``logit_scale = log(1 / tau)`` clipped at ``log(MAX_LOGIT_SCALE)``, as in tutel's ``CosineTopKGate``);
@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stablemoe_jax.core import settings as settings_lib
+from stablemoe_jax.core.settings.routers import COSINE_KEYS
 from stablemoe_jax.models.routing import METRICS
 
 AFFINITIES = ("dot", "cosine")
@@ -33,8 +35,6 @@ XMOE_EXPERT_NORM = 1.5  # torchscale: wg.mul_(1.5 / wg_norm) before every forwar
 ROUTER_MODULE = "router"  # the name every MoE layer gives its router (routers.make_router's builders)
 CENTROIDS = "centroids"  # the router's expert embeddings E [N, dim]
 
-# A learned router's affinity keys at their defaults: the paper's dot-product routing, none of X-MoE's.
-COSINE_DEFAULTS = dict(affinity="dot", cosine_dim=0, cosine_temperature=0.5, cosine_expert_norm=0.0)
 
 
 def normalize_rows(x: jax.Array, eps: float = 1e-4) -> jax.Array:
@@ -76,14 +76,16 @@ def cosine_affinities(router: nn.Module, h: jax.Array, centroids: jax.Array, cos
 
 
 def cosine_kwargs(settings) -> dict:
-  """A router section's affinity keys as LearnedRouter's keyword arguments (a missing key: its default)."""
-  return {key: settings.get(key, default) for key, default in COSINE_DEFAULTS.items()}
+  """A router section's (typed) affinity keys as LearnedRouter's keyword arguments."""
+  return {key: getattr(settings, key) for key in COSINE_KEYS}
 
 
 def expert_norm(settings) -> float:
-  """The norm the centroids are held at (0: not held), from a router section."""
-  kwargs = cosine_kwargs(settings)
-  return float(kwargs["cosine_expert_norm"]) if kwargs["affinity"] == "cosine" else 0.0
+  """The norm the centroids are held at (0: not held), from a router section (0 for a router without the affinity
+  keys)."""
+  if not all(hasattr(settings, key) for key in COSINE_KEYS) or settings.affinity != "cosine":
+    return 0.0
+  return float(settings.cosine_expert_norm)
 
 
 def expert_norm_hook(model_config) -> Callable[[dict], dict] | None:
@@ -94,11 +96,10 @@ def expert_norm_hook(model_config) -> Callable[[dict], dict] | None:
   train step applies it to the parameters after each optimizer update, so every forward pass, and Adam's next
   update, starts from norm-r rows, as torchscale's in-place ``wg.mul_`` before each forward (module docstring).
   """
-  moe = model_config.get("moe") if model_config is not None else None
-  if moe is None or not moe.get("enabled", True) or model_config.get("dense_match", "none") != "none":
+  model = settings_lib.typed(settings_lib.ModelSettings, model_config)
+  if not model.has_moe_layers:
     return None
-  settings = moe.get(moe.router)
-  norm = expert_norm(settings) if settings is not None else 0.0
+  norm = expert_norm(model.moe.router_settings())
   if norm <= 0:
     return None
 
@@ -109,10 +110,11 @@ def expert_norm_hook(model_config) -> Callable[[dict], dict] | None:
   return lambda params, metrics=None: jax.tree_util.tree_map_with_path(project, params)
 
 
-def check_affinity_keys(section: str, get: Callable[[str], object]) -> list[str]:
-  """The affinity keys of router section ``model.moe.<section>`` (``get(key)`` reads one, its default if absent):
-  one message per problem, naming the key and the fix."""
+def check_affinity_keys(section: str, settings) -> list[str]:
+  """The affinity keys of router section ``model.moe.<section>`` (``settings``, typed): one message per problem,
+  naming the key and the fix."""
   prefix = f"model.moe.{section}"
+  get = lambda key: getattr(settings, key)
   problems = [f"{prefix}.{key}={get(key)} must be >= 0 (0 turns it off; X-MoE's value: {value})." for key, value in
               (("cosine_dim", 16), ("cosine_expert_norm", XMOE_EXPERT_NORM)) if get(key) < 0]
   if get("affinity") not in AFFINITIES:
@@ -124,5 +126,5 @@ def check_affinity_keys(section: str, get: Callable[[str], object]) -> list[str]
   if get("affinity") != "cosine":
     problems += [f"{prefix}.{key}={get(key)} applies only to cosine routing; add --config.{prefix}.affinity=cosine "
                  f"or drop the override." for key in ("cosine_dim", "cosine_temperature", "cosine_expert_norm")
-                 if get(key) != COSINE_DEFAULTS[key]]
+                 if get(key) != settings_lib.absent_value(type(settings), key)]
   return problems

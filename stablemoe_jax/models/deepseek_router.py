@@ -3,7 +3,7 @@ bias, gates = the chosen affinities normalised over the k (without the bias) x `
 the load without an auxiliary loss, moved after every step by ``bias_update_rate * sign(mean load - load_i)``; an
 optional small sequence-wise balance loss.
 
-Its settings are the section ``model.moe.deepseek`` (``DEFAULTS``); ``models/routers.py`` registers it.
+Its settings are the section ``model.moe.deepseek`` (``core.settings.DeepSeekSettings``); ``models/routers.py`` registers it.
 
 The bias is the router's parameter ``expert_bias [N]`` read through ``stop_gradient``: it has no gradient, so Adam
 (no weight decay) leaves it exactly as it is, and it is saved, restored and resumed with the other parameters. The
@@ -22,8 +22,6 @@ import jax.numpy as jnp
 
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS, Routing, masked_mean
 
-# DeepSeek-V3's 8 of 256 experts, scale 2.5 and gamma 0.001 are for its size; here top-2 and scale 1.
-DEFAULTS = dict(top_k=2, routed_scale=1.0, bias_update_rate=1e-3, balance_weight=0.0, centroid_gain=0.1)
 BIAS = "expert_bias"
 ROUTER_MODULE = "router"
 
@@ -88,7 +86,7 @@ def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Modu
 
 
 def top_k(settings) -> int:
-  return int(settings.top_k) if settings is not None else DEFAULTS["top_k"]
+  return int(settings.top_k)
 
 
 def updated_bias(bias: jax.Array, load: jax.Array, rate: float) -> jax.Array:
@@ -127,8 +125,8 @@ def check(s, moe_config) -> list[str]:
   for key, meaning in (("bias_update_rate", "the bias step gamma; 0: no balancing"),
                        ("balance_weight", "the sequence-wise balance loss; 0: off"),
                        ("centroid_gain", "orthogonal-init gain of the centroids")):
-    if s[key] < 0:
-      problems.append(f"model.moe.deepseek.{key}={s[key]} must be >= 0 ({meaning}).")
+    if getattr(s, key) < 0:
+      problems.append(f"model.moe.deepseek.{key}={getattr(s, key)} must be >= 0 ({meaning}).")
   if not s.routed_scale > 0:
     problems.append(f"model.moe.deepseek.routed_scale={s.routed_scale} must be > 0 (the gates' scale; 1: none).")
   return problems

@@ -1,7 +1,7 @@
 """Hash Layers' router (Roller et al., 2021): a fixed token-id -> expert table, gate 1, no loss. The table is seeded
 random, or ``balanced``: bin-packed by the training split's token counts once, at initialisation.
 
-Its settings are the section ``model.moe.hash`` (``DEFAULTS``); ``models/routers.py`` registers it.
+Its settings are the section ``model.moe.hash`` (``core.settings.HashSettings``); ``models/routers.py`` registers it.
 Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
@@ -12,8 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablemoe_jax.models.routing import Routing
-
-DEFAULTS = dict(table="random", seed=0)
 
 
 def random_hash_table(vocab_size: int, num_experts: int, seed: int) -> np.ndarray:

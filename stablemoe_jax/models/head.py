@@ -23,11 +23,13 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from stablemoe_jax.core import settings as settings_lib
+
 
 def padded_vocab_size(model_config) -> int:
   """``model.vocab_size`` rounded up to a multiple of ``model.vocab_multiple`` (0 or 1: not padded)."""
-  multiple = model_config.get("vocab_multiple", 0)
-  vocab = model_config.vocab_size
+  model = settings_lib.typed(settings_lib.ModelSettings, model_config)
+  multiple, vocab = model.vocab_multiple, model.vocab_size
   return -(-vocab // multiple) * multiple if multiple > 1 else vocab
 
 

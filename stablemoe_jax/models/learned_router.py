@@ -15,16 +15,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
-
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.models import distill
 from stablemoe_jax.models.cosine_routing import AFFINITIES, cosine_affinities, xmoe_expert_init
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS, Routing, masked_mean
-
-# The shared section ``model.moe.distilled_router`` (configs/default.py must equal it).
-DISTILLED_ROUTER_DEFAULTS = dict(kind="embedding", dim=50, distill_weight=1.0, kernel_size=3, num_layers=1,
-                                 num_heads=2)
-
 
 @dataclasses.dataclass(frozen=True)
 class DistilledRouterSpec:
@@ -43,10 +37,9 @@ class DistilledRouterSpec:
                num_heads=section.num_heads, centroid_gain=centroid_gain)
 
 
-def distilled_section(moe_config):
-  """``moe_config.distilled_router``; its defaults where a hand-built config has no such section."""
-  section = moe_config.get("distilled_router")
-  return section if section is not None else ml_collections.ConfigDict(DISTILLED_ROUTER_DEFAULTS)
+def distilled_section(moe_config) -> settings_lib.DistilledRouterSettings:
+  """``moe_config.distilled_router``, typed (its defaults where a hand-built config has no such section)."""
+  return settings_lib.typed(settings_lib.MoESettings, moe_config).distilled_router
 
 
 def distilled_spec(moe_config, centroid_gain: float = 0.1) -> DistilledRouterSpec:

@@ -6,15 +6,17 @@ Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from stablemoe_jax.models import capacity as capacity_lib
+from stablemoe_jax.core import settings as settings_lib
+from stablemoe_jax.core.settings import MoESettings
 from stablemoe_jax.models import dispatch, experts, routers
 from stablemoe_jax.models.routing import METRICS, ROUTING, expert_load, masked_mean, routing_health
 
@@ -27,19 +29,11 @@ def mesh_devices() -> int:
   return 1 if mesh.empty else int(mesh.size)
 
 
-def with_groups(moe_config, groups: int):
-  """A copy of the ``model.moe`` config with ``num_groups = groups``."""
-  config = ml_collections.ConfigDict(moe_config.to_dict())
-  config.num_groups = groups
-  return config
-
-
-def resolve_groups(moe_config):
-  """``moe_config``, or where its ``num_groups`` is 0 (unresolved: a model built outside a launch) a copy with one
-  group per device of the surrounding mesh."""
-  if moe_config.get("num_groups", 1) == 0:
-    return with_groups(moe_config, mesh_devices())
-  return moe_config
+def resolve_groups(moe_config) -> MoESettings:
+  """``moe_config`` typed, with one group per device of the surrounding mesh where its ``num_groups`` is 0
+  (unresolved: a model built outside a launch)."""
+  moe = settings_lib.typed(MoESettings, moe_config)
+  return dataclasses.replace(moe, num_groups=mesh_devices()) if moe.num_groups == 0 else moe
 
 
 def make_moe_layer(moe_config, vocab_size: int, num_sublayers: int, d_ff: int, dropout: float = 0.0,
@@ -120,13 +114,13 @@ class MoELayer(nn.Module):
     routing = self.router(h, token_ids, in_stage1, deterministic, token_mask=weights)
     top_k = routing.top_k
 
-    groups = 1 if self.is_initializing() else cfg.get("num_groups", 1)  # init's sample batch may be tiny
+    groups = 1 if self.is_initializing() else cfg.num_groups  # init's sample batch may be tiny
     if h.shape[0] % groups:
       raise ValueError(f"model.moe.num_groups={groups} must divide the {h.shape[0]} tokens of a batch.")
     group_size = h.shape[0] // groups
     capacity_factor = cfg.eval_capacity_factor if deterministic else cfg.capacity_factor
     capacity = capacity_lib.expert_capacity(group_size, num_experts, capacity_factor)
-    shuffle = cfg.get("shuffle_tokens", False) and not deterministic and self.has_rng(SHUFFLE_RNG)
+    shuffle = cfg.shuffle_tokens and not deterministic and self.has_rng(SHUFFLE_RNG)
     shuffle_rng = self.make_rng(SHUFFLE_RNG) if shuffle else None
     group_valid = None if valid is None else valid.reshape(groups, group_size)
     if top_k == 1:
@@ -138,12 +132,12 @@ class MoELayer(nn.Module):
                                         ).swapaxes(1, 2).reshape(groups, top_k * group_size)
 
     expert_params = experts.FFNExperts(num_experts, self.num_sublayers, self.d_ff,
-                                        bias_init=cfg.get("expert_bias_init", "zeros"), name="experts")(d)
+                                        bias_init=cfg.expert_bias_init, name="experts")(d)
     dropout_rng = self.make_rng("dropout") if self.dropout > 0 and not deterministic else None
     expert_fn = functools.partial(experts.apply_ffn_experts, dropout=self.dropout, dtype=self.dtype)
     dispatcher = dispatch.choose_dispatcher(
-        cfg.get("dispatcher", "auto"), eval_name=cfg.get("eval_dispatcher", "auto") if deterministic else None,
-        no_drops=capacity == group_size, block_size=cfg.get("block_size", dispatch.DEFAULT_BLOCK_SIZE))
+        cfg.dispatcher, eval_name=cfg.eval_dispatcher if deterministic else None,
+        no_drops=capacity == group_size, block_size=cfg.block_size)
     if top_k == 1:
       expert_index, gate = routing.expert_index[:, 0], routing.gate[:, 0]
       expert_out = dispatcher(h.reshape(groups, group_size, d), slots, expert_params, dropout_rng,
@@ -159,10 +153,10 @@ class MoELayer(nn.Module):
       out = h + jnp.sum(gate[..., None].astype(h.dtype) * expert_out, axis=1)
       kept = (slots.reshape(groups, top_k, group_size).swapaxes(1, 2).reshape(-1, top_k)
               < num_experts * capacity)  # [T, k]
-    shared = cfg.get("shared_experts", 0)
+    shared = cfg.shared_experts
     if shared > 0:  # DeepSeekMoE's shared experts: every token through each, added to the routed output
       shared_params = experts.FFNExperts(shared, self.num_sublayers, self.d_ff,
-                                         bias_init=cfg.get("expert_bias_init", "zeros"), partitioned=False,
+                                         bias_init=cfg.expert_bias_init, partitioned=False,
                                          name="shared_experts")(d)
       rows = jnp.broadcast_to(h[None, None], (shared, 1, *h.shape))  # [n, 1, T, d]: one "group" of all T tokens
       shared_out = expert_fn(shared_params, rows, num_experts + jnp.arange(shared), jnp.zeros((1,), jnp.int32),

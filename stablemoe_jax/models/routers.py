@@ -40,6 +40,8 @@ from typing import Any, Callable
 import flax.linen as nn
 import numpy as np
 
+from stablemoe_jax.core import settings as settings_lib
+from stablemoe_jax.core.settings import MoESettings, ModelSettings
 from stablemoe_jax.models import (base_router, cosine_routing, deepseek_router, hash_router, stablemoe_router,
                                   switch_router)
 
@@ -56,12 +58,13 @@ class RouterEntry:
 
   Attributes:
     build: (settings, *, moe_config, num_experts, vocab_size) -> the router module, named "router".
-    defaults: the default settings (must equal the section ``model.moe.<name>`` of configs/default.py).
+    settings: the section ``model.moe.<name>`` as its frozen dataclass (``core/settings/routers.py``): its fields,
+      types, defaults and descriptions; ``settings_lib.typed`` reads it from the config.
     check: (settings, moe_config) -> problems, one message each naming the key and the fix.
     uses_distilled_router: whether the shared section ``model.moe.distilled_router`` applies.
     fill_from_data: optional (router params, settings, num_experts, token_counts) -> router params, run once at
       initialisation with the training split's token counts [V].
-    preset_keys: settings a preset may change from ``defaults`` while another router is chosen (they are then
+    preset_keys: settings a preset may change from their absent value while another router is chosen (they are then
       unused): the CPU presets turn on small-scale deviations this way, and ``--config.model.moe.router=X``
       still works on them.
     gate_kind: (settings) -> one of ``GATE_KINDS``: what the gate is, so the range the health verdict places the
@@ -79,7 +82,7 @@ class RouterEntry:
   """
 
   build: Callable[..., nn.Module]
-  defaults: dict
+  settings: type
   check: Callable[[Any, Any], list[str]]
   uses_distilled_router: Callable[[Any], bool] = lambda settings: False
   fill_from_data: Callable[..., dict] | None = None
@@ -92,27 +95,40 @@ class RouterEntry:
   collapse_cures: tuple[str, ...] = ()
   added_settings: dict = dataclasses.field(default_factory=dict)
 
+  def unselected_changes(self, section) -> list[tuple[str, object]]:
+    """(key, value) of each setting of ``section`` (this router's, typed) a config changed from the value it has
+    when absent, other than the ``preset_keys``: settings that would be ignored while another router is chosen."""
+    return [(f.name, getattr(section, f.name)) for f in dataclasses.fields(self.settings)
+            if f.name not in self.preset_keys
+            and getattr(section, f.name) != settings_lib.absent_value(self.settings, f.name)]
+
+
+def _absent_section(cls) -> dict:
+  """Every setting of router section ``cls`` at its value for a config without it."""
+  return {f.name: settings_lib.absent_value(cls, f.name) for f in dataclasses.fields(cls)}
+
 
 ROUTERS: dict[str, RouterEntry] = {
     "stablemoe": RouterEntry(
-        stablemoe_router.build, stablemoe_router.DEFAULTS, stablemoe_router.check,
+        stablemoe_router.build, settings_lib.StableMoESettings, stablemoe_router.check,
         uses_distilled_router=lambda s: True, preset_keys=stablemoe_router.PRESET_KEYS,
         post_update=cosine_routing.expert_norm_hook, losses=("balance", "z_loss", "distill"),
         collapse_cures=("--config.model.moe.stablemoe.balance_scope=all",)),
     "switch": RouterEntry(
-        switch_router.build, switch_router.DEFAULTS, switch_router.check,
+        switch_router.build, settings_lib.SwitchSettings, switch_router.check,
         uses_distilled_router=lambda s: s.fixed_routing, preset_keys=switch_router.PRESET_KEYS,
         gate_kind=lambda s: "softmax", top_k=switch_router.top_k, post_update=cosine_routing.expert_norm_hook,
         losses=("balance", "z_loss", "distill"), added_settings={"top_k": 1}),
     "base": RouterEntry(
-        base_router.build, base_router.DEFAULTS, base_router.check, uses_distilled_router=lambda s: s.fixed_routing,
+        base_router.build, settings_lib.BaseSettings, base_router.check, uses_distilled_router=lambda s: s.fixed_routing,
         losses=("distill",)),
-    "hash": RouterEntry(hash_router.build, hash_router.DEFAULTS, hash_router.check,
+    "hash": RouterEntry(hash_router.build, settings_lib.HashSettings, hash_router.check,
                         fill_from_data=hash_router.fill_from_data, gate_kind=lambda s: "fixed"),
     "deepseek": RouterEntry(
-        deepseek_router.build, deepseek_router.DEFAULTS, deepseek_router.check, gate_kind=lambda s: "softmax",
+        deepseek_router.build, settings_lib.DeepSeekSettings, deepseek_router.check, gate_kind=lambda s: "softmax",
         gate_scale=lambda s: float(s.routed_scale), top_k=deepseek_router.top_k,
-        post_update=deepseek_router.bias_update_hook, losses=("balance",), added_settings=deepseek_router.DEFAULTS,
+        post_update=deepseek_router.bias_update_hook, losses=("balance",), 
+        added_settings=_absent_section(settings_lib.DeepSeekSettings),
         collapse_cures=("a larger --config.model.moe.deepseek.bias_update_rate",)),
 }
 
@@ -127,23 +143,22 @@ def without_added_settings(moe: dict) -> dict:
   existed compares equal to one at that value."""
   moe = dict(moe)
   for key, value in ADDED_MOE_SETTINGS.items():
-    if moe.get(key, value) == value:
-      moe.pop(key, None)
+    if key in moe and moe[key] == value:
+      del moe[key]
   for name, entry in ROUTERS.items():
-    if isinstance(moe.get(name), dict) and entry.added_settings:
-      moe[name] = {k: v for k, v in moe[name].items() if entry.added_settings.get(k, object()) != v}
-      if not moe[name] and moe.get("router") != name:  # a router added since, at its defaults: as absent
+    if isinstance(moe[name] if name in moe else None, dict) and entry.added_settings:
+      moe[name] = {k: v for k, v in moe[name].items() if k not in entry.added_settings or entry.added_settings[k] != v}
+      if not moe[name] and (moe["router"] if "router" in moe else None) != name:  # added since, at its defaults
         del moe[name]
   return moe
 
 
 def chosen(moe_config) -> tuple[RouterEntry, Any]:
-  """The registry entry of ``moe_config.router`` and its settings section (None where a hand-built config has
-  none)."""
-  name = moe_config.router
-  if name not in ROUTERS:
-    raise ValueError(f"unknown router {name!r}; choose one of {sorted(ROUTERS)}")
-  return ROUTERS[name], moe_config.get(name)
+  """The registry entry of ``moe_config.router`` and its settings (typed: ``entry.settings``)."""
+  moe = settings_lib.typed(MoESettings, moe_config)
+  if moe.router not in ROUTERS:
+    raise ValueError(f"unknown router {moe.router!r}; choose one of {sorted(ROUTERS)}")
+  return ROUTERS[moe.router], moe.router_settings()
 
 
 def gate_kind(moe_config) -> str:
@@ -155,13 +170,13 @@ def gate_kind(moe_config) -> str:
 def gate_scale(moe_config) -> float:
   """The factor on the chosen router's gate range."""
   entry, settings = chosen(moe_config)
-  return float(entry.gate_scale(settings)) if settings is not None else 1.0
+  return float(entry.gate_scale(settings))
 
 
 def top_k(moe_config) -> int:
   """The experts each token is routed to by the chosen router."""
   entry, settings = chosen(moe_config)
-  return int(entry.top_k(settings)) if settings is not None else 1
+  return int(entry.top_k(settings))
 
 
 def collapse_cures(router: str) -> tuple[str, ...]:
@@ -173,22 +188,22 @@ def collapse_cures(router: str) -> tuple[str, ...]:
 def post_update_hook(model_config) -> Callable[[dict], dict] | None:
   """The chosen router's ``post_update`` hook for this model (``(params, metrics) -> params``), or None: no hook, a
   dense model, or no MoE layer. The train step applies it after every optimizer update."""
-  moe = model_config.get("moe") if model_config is not None else None
-  if moe is None or not moe.get("enabled", True) or model_config.get("dense_match", "none") != "none":
+  if model_config is None:
     return None
-  entry = ROUTERS.get(moe.router)
-  if entry is None or entry.post_update is None:
+  model = settings_lib.typed(ModelSettings, model_config)
+  entry = ROUTERS.get(model.moe.router)
+  if not model.has_moe_layers or entry is None or entry.post_update is None:
     return None
-  return entry.post_update(model_config)
+  return entry.post_update(model)
 
 
 def make_router(moe_config, *, vocab_size: int) -> nn.Module:
   """Builds the router named by ``moe_config.router`` from its own section ``moe_config[router]``: an unbound
   module named "router" (``parent=None``), for the model to pass into a MoE layer (which adopts it) or to call
   on its own."""
-  entry, _ = chosen(moe_config)
-  return entry.build(moe_config[moe_config.router], moe_config=moe_config, num_experts=moe_config.num_experts,
-                     vocab_size=vocab_size)
+  moe = settings_lib.typed(MoESettings, moe_config)
+  entry, settings = chosen(moe)
+  return entry.build(settings, moe_config=moe, num_experts=moe.num_experts, vocab_size=vocab_size)
 
 
 def fill_tables_from_data(params: dict, model_config, token_counts: Callable[[], np.ndarray]) -> dict:
@@ -199,14 +214,14 @@ def fill_tables_from_data(params: dict, model_config, token_counts: Callable[[],
     model_config: the ``model`` config.
     token_counts: returns the training split's token counts, int [model.vocab_size] (called only if needed).
   """
-  moe = model_config.moe
+  model = settings_lib.typed(ModelSettings, model_config)
+  moe = model.moe
   entry = ROUTERS.get(moe.router)
-  dense = model_config.get("dense_match", "none") != "none"
-  if not moe.enabled or dense or entry is None or entry.fill_from_data is None:
+  if not model.has_moe_layers or entry is None or entry.fill_from_data is None:
     return params
   params = dict(params)
   for layer, layer_params in params.items():
     if "router" in getattr(layer_params, "keys", lambda: ())():
       params[layer] = {**layer_params, "router": entry.fill_from_data(
-          layer_params["router"], moe[moe.router], moe.num_experts, token_counts)}
+          layer_params["router"], moe.router_settings(), moe.num_experts, token_counts)}
   return params

@@ -20,7 +20,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.constants import PAD_ID  # noqa: F401  (the pad id; re-exported)
+from stablemoe_jax.core.settings import ModelSettings
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size
@@ -188,7 +190,7 @@ class TransformerSeq2Seq(nn.Module):
   config: Any
 
   def setup(self):
-    cfg = self.config
+    cfg = settings_lib.typed(ModelSettings, self.config)
     d = cfg.d_model
     dtype = jnp.dtype(cfg.dtype)
     self.embed = nn.Embed(padded_vocab_size(cfg), d, embedding_init=embedding_init(cfg))
@@ -201,7 +203,7 @@ class TransformerSeq2Seq(nn.Module):
     self.encoder_norm = nn.LayerNorm(dtype=dtype)
     self.decoder_norm = nn.LayerNorm(dtype=dtype)
     moe = cfg.moe
-    self.dense_match = cfg.get("dense_match", "none")
+    self.dense_match = cfg.dense_match
     placement = moe_positions(cfg.num_layers, moe.placement) if moe.enabled or self.dense_match != "none" else ()
     self.placement = placement
     if self.dense_match != "none":  # one dense "expert" per MoE position with the MoE layer's parameters
@@ -301,7 +303,8 @@ class TransformerSeq2Seq(nn.Module):
     y = self._stack("decoder", len(self.decoder_blocks), y, decoder_inputs, in_stage1, deterministic,
                     lambda i, y: self.decoder_blocks[i](y, memory[i], cross_mask, deterministic, decode, self_mask))
     y = self.decoder_norm(y)
-    return HeadInputs(y, self.embed.embedding, self.config.vocab_size, self.config.get("loss_chunk_tokens", 0))
+    return HeadInputs(y, self.embed.embedding, self.config.vocab_size,
+                      settings_lib.typed(ModelSettings, self.config).loss_chunk_tokens)
 
   def __call__(self, source: jax.Array, decoder_inputs: jax.Array, in_stage1: jax.Array,
                deterministic: bool = True, decode: bool = False,

@@ -1,7 +1,7 @@
 """StableMoE's router (Dai et al., 2022, Sections 3.1-3.3): greedy top-1 on the centroid affinities, a sigmoid gate,
 the balance loss, always two-staged (the learned assignment distilled into a token-id-only router, then frozen).
 
-Its settings are the section ``model.moe.stablemoe`` (``DEFAULTS``); ``models/routers.py`` registers it.
+Its settings are the section ``model.moe.stablemoe`` (``core.settings.StableMoESettings``); ``models/routers.py`` registers it.
 Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
@@ -12,14 +12,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from stablemoe_jax.models.cosine_routing import COSINE_DEFAULTS, check_affinity_keys, cosine_kwargs
+from stablemoe_jax.core.settings.routers import COSINE_KEYS
+from stablemoe_jax.models.cosine_routing import check_affinity_keys, cosine_kwargs
 from stablemoe_jax.models.learned_router import DistilledRouterSpec, LearnedRouter, distilled_section, distilled_spec
 from stablemoe_jax.models.routing import BALANCE_SCOPES, router_z_loss, stablemoe_balance_loss
 
-# The paper's settings wherever it has one; z_loss_weight and the cosine keys are deviations, off here.
-DEFAULTS = dict(balance_alpha=0.3, centroid_gain=0.1, balance_scope="assigned", z_loss_weight=0.0, **COSINE_DEFAULTS)
-# Keys a preset may change while another router is chosen (``RouterEntry.preset_keys``).
-PRESET_KEYS = ("balance_scope", "z_loss_weight", *COSINE_DEFAULTS)
+# Keys a preset may change while another router is chosen (``RouterEntry.preset_keys``): z_loss_weight and the
+# cosine keys are deviations, balance_scope="all" one too (their absent values are the paper's).
+PRESET_KEYS = ("balance_scope", "z_loss_weight", *COSINE_KEYS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +75,8 @@ def StableMoERouter(num_experts: int, vocab_size: int, distill_dim: int = 50, ba
 def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
   """The router of ``model.moe.stablemoe`` (``settings``), named "router"."""
   return StableMoERouter(num_experts, vocab_size, balance_alpha=settings.balance_alpha,
-                         balance_scope=settings.get("balance_scope", "assigned"),
-                         z_loss_weight=settings.get("z_loss_weight", 0.0), **cosine_kwargs(settings),
+                         balance_scope=settings.balance_scope,
+                         z_loss_weight=settings.z_loss_weight, **cosine_kwargs(settings),
                          distill_weight=distilled_section(moe_config).distill_weight,
                          centroid_gain=settings.centroid_gain,
                          distilled=distilled_spec(moe_config, settings.centroid_gain), name="router", parent=None)
@@ -85,7 +85,7 @@ def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Modu
 def check(s, moe_config) -> list[str]:
   """The problems of the section ``model.moe.stablemoe``, one message each."""
   del moe_config
-  get = lambda key: s.get(key, DEFAULTS[key])
+  get = lambda key: getattr(s, key)
   problems = [f"model.moe.stablemoe.{k}={get(k)} must be >= 0 (0 turns it off)." for k in
               ("balance_alpha", "centroid_gain", "z_loss_weight") if get(k) < 0]
   scope = get("balance_scope")
@@ -93,4 +93,4 @@ def check(s, moe_config) -> list[str]:
     problems.append(f"model.moe.stablemoe.balance_scope={scope!r} is unknown; choose 'assigned' (the paper's "
                     f"Eq. 3) or 'all' (every token's gate; keeps the gate alive at small scale, README "
                     f"'Router health').")
-  return problems + check_affinity_keys("stablemoe", get)
+  return problems + check_affinity_keys("stablemoe", s)

@@ -5,7 +5,7 @@ StableMoE's two stages (Table 5).
 ``top_k = k > 1`` (GShard / Mixtral): softmax over all N logits, the k most probable experts, their k probabilities
 renormalised to sum to 1 (Mixtral's convention) as the gates; the balance loss takes f_i over all T * k choices.
 
-Its settings are the section ``model.moe.switch`` (``DEFAULTS``); ``models/routers.py`` registers it.
+Its settings are the section ``model.moe.switch`` (``core.settings.SwitchSettings``); ``models/routers.py`` registers it.
 Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
@@ -16,13 +16,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from stablemoe_jax.models.cosine_routing import COSINE_DEFAULTS, check_affinity_keys, cosine_kwargs
+from stablemoe_jax.core.settings.routers import COSINE_KEYS
+from stablemoe_jax.models.cosine_routing import check_affinity_keys, cosine_kwargs
 from stablemoe_jax.models.learned_router import LearnedRouter, two_stage_kwargs
 from stablemoe_jax.models.routing import masked_mean, router_z_loss
 
-# The paper's settings; the cosine keys (X-MoE's routing, designed for a softmax top-k router) are off here.
-DEFAULTS = dict(balance_weight=0.01, z_loss_weight=0.0, jitter=0.0, fixed_routing=False, top_k=1, **COSINE_DEFAULTS)
-PRESET_KEYS = tuple(COSINE_DEFAULTS)  # keys a preset may change while another router is chosen
+# The cosine keys (X-MoE's routing, designed for a softmax top-k router), off by default.
+PRESET_KEYS = COSINE_KEYS  # keys a preset may change while another router is chosen
 
 
 def switch_balance_loss(probs: jax.Array, assignment: jax.Array, weights: jax.Array | None = None) -> jax.Array:
@@ -80,7 +80,7 @@ class SwitchSoftmax:
 
 def top_k(settings) -> int:
   """The experts each token is routed to (1: Switch)."""
-  return int(settings.get("top_k", 1)) if settings is not None else 1
+  return int(settings.top_k)
 
 
 def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
@@ -93,14 +93,15 @@ def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Modu
 
 def check(s, moe_config) -> list[str]:
   """The problems of the section ``model.moe.switch``, one message each."""
-  problems = [f"model.moe.switch.{k}={s[k]} must be >= 0." for k in ("balance_weight", "z_loss_weight") if s[k] < 0]
+  problems = [f"model.moe.switch.{k}={getattr(s, k)} must be >= 0." for k in ("balance_weight", "z_loss_weight")
+              if getattr(s, k) < 0]
   if not 0 <= s.jitter < 1:
     problems.append(f"model.moe.switch.jitter={s.jitter} must lie in [0, 1) (0 turns it off).")
-  k = s.get("top_k", 1)
+  k = s.top_k
   if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= moe_config.num_experts:
     problems.append(f"model.moe.switch.top_k={k!r} must be an integer in [1, model.moe.num_experts="
                     f"{moe_config.num_experts}] (1: Switch; 2: GShard / Mixtral).")
   elif k > 1 and s.fixed_routing:
     problems.append(f"model.moe.switch.top_k={k} needs model.moe.switch.fixed_routing=False: the distilled router "
                     f"routes each token to one expert; set --config.model.moe.switch.top_k=1 or drop fixed_routing.")
-  return problems + check_affinity_keys("switch", lambda key: s.get(key, DEFAULTS[key]))
+  return problems + check_affinity_keys("switch", s)

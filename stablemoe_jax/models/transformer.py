@@ -4,6 +4,7 @@ Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from typing import Any
@@ -13,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from stablemoe_jax.core import settings as settings_lib
+from stablemoe_jax.core.settings import ModelSettings
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size, tied_logits  # noqa: F401
 from stablemoe_jax.models import routers
@@ -50,7 +53,7 @@ def moe_positions(num_layers: int, placement: str) -> tuple[int, ...]:
 
 def has_moe_layers(model_config) -> bool:
   """Whether the model routes tokens at all (a dense baseline with ``dense_match`` has none)."""
-  return bool(model_config.moe.enabled and model_config.get("dense_match", "none") == "none")
+  return settings_lib.typed(ModelSettings, model_config).has_moe_layers
 
 
 def count_params(model_config, seq_len: int = 8) -> int:
@@ -95,7 +98,7 @@ def dense_match_plan(model_config) -> tuple[int, int]:
   MoE layer with n shared experts (``model.moe.shared_experts``) applies to each token (its router aside): one
   expert's FFN for top-1 routing.
   """
-  return _dense_plan(model_config.to_json())
+  return _dense_plan(json.dumps(dataclasses.asdict(settings_lib.typed(ModelSettings, model_config))))
 
 
 def attention_implementation(model_config, backend: str | None = None) -> str:
@@ -105,7 +108,8 @@ def attention_implementation(model_config, backend: str | None = None) -> str:
   the head dimension is a multiple of 8 of at most 128 (what cuDNN's kernel takes), XLA's elsewhere.
   "cudnn" where it cannot run raises ValueError here, at trace time, before anything is compiled.
   """
-  name = model_config.get("attention", "auto")
+  model_config = settings_lib.typed(ModelSettings, model_config)
+  name = model_config.attention
   backend = backend or jax.default_backend()
   dtype = jnp.dtype(model_config.dtype)
   head_dim = model_config.d_model // model_config.num_heads
@@ -184,7 +188,7 @@ class TransformerLM(nn.Module):
   def __call__(self, tokens: jax.Array, in_stage1: jax.Array, deterministic: bool = True) -> HeadInputs:
     """tokens int32 [B, S], in_stage1 bool scalar -> the :class:`HeadInputs` of the next-token logits: hidden
     [B, S, d] and the tied embedding [Vp, d] (``.logits()``: float32 [B, S, V])."""
-    cfg = self.config
+    cfg = settings_lib.typed(ModelSettings, self.config)
     dtype = jnp.dtype(cfg.dtype)
     d = cfg.d_model
     embed = nn.Embed(padded_vocab_size(cfg), d, embedding_init=embedding_init(cfg), name="embed")
@@ -193,7 +197,7 @@ class TransformerLM(nn.Module):
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic).astype(dtype)
 
     attention = attention_implementation(cfg)
-    remat = cfg.get("remat", "none")
+    remat = cfg.remat
     if remat not in REMAT_POLICIES:
       raise ValueError(f"model.remat={remat!r} is unknown; choose one of {tuple(REMAT_POLICIES)}.")
     block_cls, moe_cls = DecoderBlock, MoELayer
@@ -202,7 +206,7 @@ class TransformerLM(nn.Module):
       moe_cls = nn.remat(MoELayer, static_argnums=(4,), policy=REMAT_POLICIES[remat])
 
     moe = cfg.moe
-    dense_match = cfg.get("dense_match", "none")
+    dense_match = cfg.dense_match
     placement = moe_positions(cfg.num_layers, moe.placement) if moe.enabled or dense_match != "none" else ()
     sublayers = moe.sublayers_per_expert // len(placement) if placement else 0
     for block in range(cfg.num_layers + 1):
@@ -221,4 +225,4 @@ class TransformerLM(nn.Module):
         x = block_cls(cfg.num_heads, cfg.d_ff, cfg.dropout, dtype, attention, name=f"block_{block}")(
             x, deterministic)
     x = nn.LayerNorm(dtype=dtype, name="final_norm")(x)
-    return HeadInputs(x, embed.embedding, cfg.vocab_size, cfg.get("loss_chunk_tokens", 0))
+    return HeadInputs(x, embed.embedding, cfg.vocab_size, cfg.loss_chunk_tokens)

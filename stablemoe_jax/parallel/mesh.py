@@ -15,6 +15,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.parallel import sharding as sharding_lib
 
@@ -27,8 +28,7 @@ def resolve_layout(config, device_count: int, recorded_groups: int | None = None
   every device of the mesh holds its own slice of the tokens, data x expert). A non-zero value is kept as given
   (a checkpoint written with another one is refused when it is restored).
   """
-  moe = config.model.get("moe")
-  if moe is None or moe.get("num_groups", 1) != 0:
+  if settings_lib.typed(settings_lib.ModelSettings, config.model).moe.num_groups != 0:
     return config
   config = type(config)(config.to_dict())
   config.model.moe.num_groups = int(recorded_groups) if recorded_groups else int(device_count)

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.data.lm import eval_sets
 from stablemoe_jax.data.lm import pipeline as data_lib
@@ -70,8 +71,8 @@ class LanguageModelTask:
 
   def eval_description(self, config) -> dict:
     """Non-overlapping blocks or sliding windows (``eval.stride``)."""
-    cfg = config.eval
-    stride = cfg.get("stride", 0)
+    cfg = settings_lib.typed(settings_lib.EvalSettings, config.eval)
+    stride = cfg.stride
     sliding = 0 < stride < cfg.seq_len
     return {"mode": "sliding" if sliding else "blocks", "seq_len": cfg.seq_len,
             "stride": stride if sliding else cfg.seq_len}

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.constants import PAD_ID
 from stablemoe_jax.core.errors import require, require_parses
 from stablemoe_jax.data.translation import batches as batch_lib
@@ -27,7 +28,8 @@ from stablemoe_jax.train.schedules import SCHEDULES
 
 def check_config(config) -> None:
   """The config sections as translation reads them, beyond the shared checks (``config_validation``)."""
-  train, moe = config.train, config.model.moe
+  run = settings_lib.from_config(config)
+  train, moe = run.train, run.model.moe
   corpus = config.data.get("corpus", "multi30k_bible")
   require(corpus in ("multi30k_bible", "wmt", "files"),
           f"data.corpus={corpus!r} is unknown; choose multi30k_bible, wmt or files.")
@@ -41,24 +43,22 @@ def check_config(config) -> None:
   require(not config.data.get("pack_pairs", False) or config.data.get("length_buckets", 1) == 1,
           f"data.pack_pairs=True packs pairs into rows of train.seq_len, so it takes no length buckets; set "
           f"--config.data.length_buckets=1 (it is {config.data.get('length_buckets', 1)}).")
-  require(0.0 <= train.get("label_smoothing", 0.0) < 1.0,
-          f"train.label_smoothing={train.get('label_smoothing')} must lie in [0, 1).")
-  require(config.eval.get("max_sentences", 0) >= 0,
-          f"eval.max_sentences={config.eval.get('max_sentences')} must be >= 0 (0: every sentence).")
-  decode = config.get("decode")
-  if decode is not None:
+  require(0.0 <= train.label_smoothing < 1.0, f"train.label_smoothing={train.label_smoothing} must lie in [0, 1).")
+  require(run.eval.max_sentences >= 0,
+          f"eval.max_sentences={run.eval.max_sentences} must be >= 0 (0: every sentence).")
+  decode = run.decode
+  if "decode" in config:
     require(decode.beam_size >= 1, f"decode.beam_size={decode.beam_size} must be >= 1 (1: greedy search).")
     require(0 <= decode.max_len <= config.model.max_len,
             f"decode.max_len={decode.max_len} must lie in [0, model.max_len={config.model.max_len}] "
             f"(0: model.max_len).")
     require(decode.batch_size > 0, f"decode.batch_size={decode.batch_size} must be positive.")
     require(decode.length_penalty >= 0, f"decode.length_penalty={decode.length_penalty} must be >= 0.")
-    require(decode.get("sets", "all") in bleu_lib.DECODE_SETS,
-            f"decode.sets={decode.get('sets')!r} is unknown; choose one of {bleu_lib.DECODE_SETS}.")
-  require(train.get("schedule", "linear") in SCHEDULES,
-          f"train.schedule={train.get('schedule')!r} is unknown; choose one of {SCHEDULES}.")
+    require(decode.sets in bleu_lib.DECODE_SETS,
+            f"decode.sets={decode.sets!r} is unknown; choose one of {bleu_lib.DECODE_SETS}.")
+  require(train.schedule in SCHEDULES, f"train.schedule={train.schedule!r} is unknown; choose one of {SCHEDULES}.")
   # A decode step sees one position; only a router of the token id alone routes it as the whole sequence did.
-  require(moe.get("distilled_router") is None or moe.distilled_router.kind == "embedding",
+  require(moe.distilled_router.kind == "embedding",
           f"model.moe.distilled_router.kind={moe.distilled_router.kind!r}: translation decodes one position at "
           f"a time, so its distilled router must be 'embedding' (the token id alone).")
 
@@ -70,7 +70,7 @@ class TranslationTask:
   name = "translation"
 
   def __init__(self, config):
-    self._label_smoothing = float(config.train.get("label_smoothing", 0.0))
+    self._label_smoothing = float(settings_lib.typed(settings_lib.TrainSettings, config.train).label_smoothing)
     self._pack = bool(config.get("data", {}).get("pack_pairs", False))
 
   def load_data(self, data_config, prepared_dir):
@@ -121,7 +121,8 @@ class TranslationTask:
   def eval_batches(self, data, config, split: str, stride: int = 0):
     del stride  # sentences are scored whole
     return batch_lib.eval_batches(data.split_sets(split), config.eval.batch_size, config.eval.seq_len,
-                                  config.eval.get("max_sentences", 0), pack=self._pack)
+                                  settings_lib.typed(settings_lib.EvalSettings, config.eval).max_sentences,
+                                  pack=self._pack)
 
   def routing_sample(self, data, config, rows: int):
     """The first validation pairs that fit ``train.seq_len``, taken in turn from each pair's set (so every pair
@@ -142,7 +143,7 @@ class TranslationTask:
 
   def eval_description(self, config) -> dict:
     return {"mode": "teacher_forced_sentences", "seq_len": config.eval.seq_len,
-            "max_sentences": config.eval.get("max_sentences", 0)}
+            "max_sentences": settings_lib.typed(settings_lib.EvalSettings, config.eval).max_sentences}
 
   def final_report(self, experiment, params, split: str = "test") -> dict:
     """BLEU on ``split``'s sets (``decoding/bleu_report.py``), the pairs' mixing weights, the over-length counts."""

@@ -9,6 +9,8 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from stablemoe_jax.core.constants import task_name
+from stablemoe_jax.core.settings import TrainSettings
 from stablemoe_jax.models.routers import without_added_settings
 
 # Train settings that may change between a run and its resumption without changing its result.
@@ -57,11 +59,12 @@ def _comparable(config: dict, for_training: bool) -> dict:
   data = {k: v for k, v in config["data"].items()
           if k not in _DATA_LOCATION_KEYS and _ADDED_DATA_SETTINGS.get(k, object()) != v}
   sections = {"model": model, "data": data}
-  sections["task"] = config.get("task", "lm")  # configs written before the key existed are language models
+  sections["task"] = task_name(config)  # configs written before the key existed are language models
   if for_training:
     sections["seed"] = config["seed"]
     sections["train"] = {k: v for k, v in config["train"].items() if k not in _RESUMABLE_TRAIN_KEYS}
-    if sections["train"].get("schedule", "linear") in _STEP_COUNT_FREE_SCHEDULES:
+    train = sections["train"]
+    if (train["schedule"] if "schedule" in train else TrainSettings.schedule) in _STEP_COUNT_FREE_SCHEDULES:
       del sections["train"]["steps"]
   return sections
 

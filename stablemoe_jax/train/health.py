@@ -31,8 +31,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stablemoe_jax.core.constants import HEALTH_DEFAULTS as DEFAULTS
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.errors import require
+from stablemoe_jax.core.settings import HealthSettings
 from stablemoe_jax.models import routers
 
 HEALTH_METRICS = ("mean_gate", "low_gate_fraction", "load_balance", "max_load", "dropped_fraction", "load_entropy")
@@ -65,18 +66,18 @@ class GuardSettings:
 
   @classmethod
   def from_config(cls, config) -> "GuardSettings":
-    section = {**DEFAULTS, **(config.get("health") or {})}
-    after = section["after_step"]
-    moe = config.model.moe
+    run = settings_lib.from_config(config)
+    section, moe = run.health, run.model.moe
+    after = section.after_step
     router = moe.router
-    router_section = moe.get(router) or {}
-    return cls(min_contribution=float(section["min_contribution"]),
-               max_top2_load=float(section["max_top2_load"]),
-               min_gate_position=float(section["min_gate_position"]),
-               min_load_balance=float(section["min_load_balance"]), patience=int(section["patience"]),
-               after_step=int(config.train.warmup_steps if after < 0 else after),
-               on_collapse=str(section["on_collapse"]), router=router, gate=gate_kind(moe),
-               affinity=str(router_section.get("affinity", "dot")), num_experts=int(moe.num_experts),
+    router_section = getattr(moe, router, None)
+    return cls(min_contribution=float(section.min_contribution),
+               max_top2_load=float(section.max_top2_load),
+               min_gate_position=float(section.min_gate_position),
+               min_load_balance=float(section.min_load_balance), patience=int(section.patience),
+               after_step=int(run.train.warmup_steps if after < 0 else after),
+               on_collapse=str(section.on_collapse), router=router, gate=gate_kind(moe),
+               affinity=str(getattr(router_section, "affinity", "dot")), num_experts=int(moe.num_experts),
                top_k=routers.top_k(moe) if router in routers.ROUTERS else 1,
                gate_scale=routers.gate_scale(moe) if router in routers.ROUTERS else 1.0)
 
@@ -289,8 +290,8 @@ class CollapseGuard:
     return {**health, **verdict(health, self.settings.min_contribution, self.settings.max_top2_load)}
 
 
-def verdict(health: dict, min_contribution: float = DEFAULTS["min_contribution"],
-            max_top2_load: float = DEFAULTS["max_top2_load"]) -> dict:
+def verdict(health: dict, min_contribution: float = HealthSettings.min_contribution,
+            max_top2_load: float = HealthSettings.max_top2_load) -> dict:
   """The rule on a ``health`` section's last window (``layers``) and final ``contribution``:
   ``{"ok", "dead_layers", "verdict": {layer: {"dead", "reasons", "contribution", "top2_load"}}}``; a layer with
   shared experts judged by its routed experts' worth (``contribution``), with ``whole_layer_contribution`` beside
@@ -326,7 +327,7 @@ def judge_summary(summary: dict, metrics_records: list[dict] | None = None) -> d
   run, an old run) gives ``{"ok": True, ...}``."""
   health = dict(summary.get("health") or {})
   guard = health.get("guard") or {}
-  thresholds = {key: guard.get(key, DEFAULTS[key]) for key in ("min_contribution", "max_top2_load")}
+  thresholds = {key: guard.get(key, getattr(HealthSettings, key)) for key in ("min_contribution", "max_top2_load")}
   layers = {layer: dict(values) for layer, values in (health.get("layers") or {}).items()}
   missing = [layer for layer, values in layers.items() if "top2_load" not in values]
   if missing and metrics_records:
@@ -358,17 +359,13 @@ def stop_message(collapse: Collapse, last_checkpoint: int | None) -> str:
 
 
 def check_config(config) -> None:
-  """The ``health`` section (optional: a config without it gets ``train.health.DEFAULTS``)."""
-  section = config.get("health")
-  if section is None:
-    return
-  for key in sorted(section.keys()):
-    require(key in DEFAULTS,
-            f"health.{key} is unknown; the health keys are {sorted(DEFAULTS)} (configs/default.py).")
-  get = lambda key: section.get(key, DEFAULTS[key])
+  """The ``health`` section (optional: a config without it gets ``core.settings.HealthSettings``' defaults; an
+  unknown key is ``settings.typed``'s error)."""
+  section = settings_lib.from_config(config).health
+  get = lambda key: getattr(section, key)
   for key in ("min_contribution", "max_top2_load", "min_gate_position", "min_load_balance"):
     require(0.0 <= get(key) <= 1.0, f"health.{key}={get(key)} must lie in [0, 1]; the default is "
-                                    f"--config.health.{key}={DEFAULTS[key]}.")
+                                    f"--config.health.{key}={getattr(HealthSettings, key)}.")
   require(get("patience") >= 1, f"health.patience={get('patience')} must be >= 1 (consecutive log windows of "
                                 f"train.log_every steps before a layer's load is judged degenerate or warned about).")
   train = config.train

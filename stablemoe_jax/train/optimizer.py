@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from stablemoe_jax.core.settings import TrainSettings, typed
 from stablemoe_jax.models.distill import DISTILLED_ROUTER_NAME
 from stablemoe_jax.train.schedules import inverse_sqrt_schedule
 
@@ -37,8 +38,8 @@ def param_labels(params, separate_router: bool = False) -> dict:
 
 def router_lr_multiplier(train_config) -> optax.Schedule:
   """count -> ``train.router_lr_scale * min(1, count / train.router_warmup_steps)`` (no warmup if 0)."""
-  scale = float(train_config.get("router_lr_scale", 1.0))
-  warmup = int(train_config.get("router_warmup_steps", 0))
+  train = typed(TrainSettings, train_config)
+  scale, warmup = float(train.router_lr_scale), int(train.router_warmup_steps)
   if warmup <= 0:
     return lambda count: jnp.asarray(scale, jnp.float32)
   return lambda count: scale * jnp.minimum(1.0, jnp.asarray(count, jnp.float32) / warmup)
@@ -47,7 +48,8 @@ def router_lr_multiplier(train_config) -> optax.Schedule:
 def separate_router_optimizer(train_config) -> bool:
   """Whether the router's parameters get their own chain (only when a setting differs from the shared one, so the
   default's optimizer state and numerics are the same as without these settings)."""
-  return train_config.get("router_lr_scale", 1.0) != 1.0 or train_config.get("router_warmup_steps", 0) > 0
+  train = typed(TrainSettings, train_config)
+  return train.router_lr_scale != 1.0 or train.router_warmup_steps > 0
 
 
 def learning_rate_schedule(train_config) -> optax.Schedule:
@@ -55,8 +57,9 @@ def learning_rate_schedule(train_config) -> optax.Schedule:
 
   ``train.schedule = "inverse_sqrt"`` (translation): the same warmup, then ``learning_rate * sqrt(warmup / step)``.
   """
-  peak, warmup, total = train_config.learning_rate, train_config.warmup_steps, train_config.steps
-  if train_config.get("schedule", "linear") == "inverse_sqrt":
+  train = typed(TrainSettings, train_config)
+  peak, warmup, total = train.learning_rate, train.warmup_steps, train.steps
+  if train.schedule == "inverse_sqrt":
     return inverse_sqrt_schedule(peak, warmup)
   return optax.join_schedules(
       [optax.linear_schedule(0.0, peak, warmup), optax.linear_schedule(peak, 0.0, total - warmup)],
@@ -66,6 +69,7 @@ def learning_rate_schedule(train_config) -> optax.Schedule:
 
 def make_optimizer(train_config) -> optax.GradientTransformation:
   """The full optimizer; ``update`` must be called once per train step (its counts are the step)."""
+  train_config = typed(TrainSettings, train_config)
   schedule = learning_rate_schedule(train_config)
   stage1_steps = train_config.stage1_steps
 

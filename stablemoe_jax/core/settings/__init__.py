@@ -1,0 +1,122 @@
+"""A run's config as frozen dataclasses: each section's fields typed, with their defaults and descriptions, once.
+
+ml_collections stays the command-line format (presets in configs/, ``--config.x.y=`` overrides), and checkpoints and
+summaries record that ConfigDict as before. :func:`typed` turns a config section (a ConfigDict, a dict such as a
+recorded config, or already its dataclass) into its dataclass: the one place a missing key gets its value (the
+field's ``absent`` metadata where set, for a config written before the key existed, else its default) and an unknown
+key or a value of the wrong type is an error. The readers of a section (the models, the optimizer, the health
+guard, ...) call it on what they are given, so they read typed fields whether handed the validated settings
+(:func:`from_config`) or a hand-built section.
+
+Sections still read from the ConfigDict: ``data`` (its keys, and what an absent one means, differ by task and
+corpus) and ``compare`` (a sweep's grid, read by ``compare/``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from typing import Any
+
+from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.core.settings.model import MoESettings, ModelSettings
+from stablemoe_jax.core.settings.routers import (BaseSettings, DeepSeekSettings, DistilledRouterSettings,
+                                                 HashSettings, StableMoESettings, SwitchSettings, setting)
+from stablemoe_jax.core.settings.run import (AnalysisSettings, DecodeSettings, EvalSettings, HealthSettings,
+                                             MeshSettings, TrainSettings)
+
+__all__ = ["AnalysisSettings", "BaseSettings", "DecodeSettings", "DeepSeekSettings", "DistilledRouterSettings", "EvalSettings",
+           "HashSettings", "HealthSettings", "MeshSettings", "MoESettings", "ModelSettings", "RunSettings",
+           "StableMoESettings", "SwitchSettings", "TrainSettings", "absent_value", "from_config", "typed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  """A whole validated config: the typed sections, and those still untyped as given (``data``, ``compare``: None
+  where the config has none)."""
+
+  seed: int = setting(0, "the run's seed (parameters, dropout, routing shuffles, data order)")
+  task: str = setting("lm", "lm | translation (configs written before the key existed are language models)")
+  model: ModelSettings = dataclasses.field(default_factory=ModelSettings, metadata={"help": "the model"})
+  train: TrainSettings = dataclasses.field(default_factory=TrainSettings, metadata={"help": "training"})
+  eval: EvalSettings = dataclasses.field(default_factory=EvalSettings, metadata={"help": "evaluation"})
+  mesh: MeshSettings = dataclasses.field(default_factory=MeshSettings, metadata={"help": "the device mesh"})
+  health: HealthSettings = dataclasses.field(default_factory=HealthSettings, metadata={"help": "router health"})
+  analysis: AnalysisSettings = dataclasses.field(default_factory=AnalysisSettings,
+                                                 metadata={"help": "routing analysis"})
+  data: Any = dataclasses.field(default=None, metadata={"help": "the corpus (untyped: its keys differ by task)"})
+  decode: DecodeSettings = dataclasses.field(default_factory=DecodeSettings,
+                                             metadata={"help": "translation decoding"})
+  compare: Any = dataclasses.field(default=None, metadata={"help": "a sweep's grid (untyped)"})
+
+
+_UNTYPED = ("data", "compare")  # RunSettings fields kept as the config gives them
+_SECTION_PATHS = {RunSettings: "", ModelSettings: "model", MoESettings: "model.moe", TrainSettings: "train",
+                  EvalSettings: "eval", DecodeSettings: "decode", MeshSettings: "mesh", HealthSettings: "health",
+                  AnalysisSettings: "analysis", StableMoESettings: "model.moe.stablemoe",
+                  SwitchSettings: "model.moe.switch", BaseSettings: "model.moe.base", HashSettings: "model.moe.hash",
+                  DeepSeekSettings: "model.moe.deepseek", DistilledRouterSettings: "model.moe.distilled_router"}
+_SCALARS = {bool: "a bool", int: "an integer", float: "a number", str: "a string"}
+
+
+@functools.cache
+def _hints(cls) -> dict[str, Any]:
+  return typing.get_type_hints(cls)
+
+
+def absent_value(cls, name: str):
+  """What a config lacking key ``name`` of section ``cls`` means: the field's ``absent`` metadata, else its default."""
+  field = next(f for f in dataclasses.fields(cls) if f.name == name)
+  if "absent" in field.metadata:
+    return field.metadata["absent"]
+  return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
+def _type_ok(kind, value) -> bool:
+  if kind is bool:
+    return isinstance(value, bool)
+  if kind is int:
+    return isinstance(value, int) and not isinstance(value, bool)
+  if kind is float:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+  return isinstance(value, kind)
+
+
+def typed(cls, section, path: str | None = None):
+  """``section`` as dataclass ``cls`` (returned as is if it is one already; None: every key absent).
+
+  Raises ConfigError naming the key for a key ``cls`` has no field for, or a value of the wrong type.
+  """
+  if isinstance(section, cls):
+    return section
+  path = _SECTION_PATHS.get(cls, cls.__name__) if path is None else path
+  prefix = f"{path}." if path else ""
+  hints, fields = _hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+  given = {} if section is None else {key: section[key] for key in section.keys()}
+  values = {}
+  for key, value in given.items():
+    if key not in fields:
+      keys = ", ".join(sorted(fields))
+      raise ConfigError(f"{prefix}{key} is unknown; the {path or 'top-level'} keys are {keys} (configs/default.py); "
+                        f"drop it or correct its name.")
+    kind = hints[key]
+    if key in _UNTYPED and cls is RunSettings:
+      values[key] = value
+    elif dataclasses.is_dataclass(kind):
+      values[key] = typed(kind, value, f"{prefix}{key}")
+    elif kind in _SCALARS and not _type_ok(kind, value):
+      raise ConfigError(f"{prefix}{key}={value!r} must be {_SCALARS[kind]} (configs/default.py: "
+                        f"{absent_value(cls, key)!r}); set --config.{prefix}{key} to one.")
+    else:
+      values[key] = value
+  for key in fields:
+    if key in values or (key in _UNTYPED and cls is RunSettings):
+      continue
+    nested = dataclasses.is_dataclass(hints[key])
+    values[key] = typed(hints[key], None, f"{prefix}{key}") if nested else absent_value(cls, key)
+  return cls(**values)
+
+
+def from_config(config) -> RunSettings:
+  """The whole config (a ConfigDict or a dict) as :class:`RunSettings`; see :func:`typed`."""
+  return typed(RunSettings, config)

@@ -1,0 +1,117 @@
+"""The typed settings (stablemoe_jax/core/settings/) against the presets: every key of configs/default.py (and of
+configs/mt_cpu.py's typed sections) is a field and every field a key, at the same default; a missing key reads as
+its ``absent`` value; an unknown key or a value of the wrong type is one clear error."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from configs import default, mt_cpu
+from stablemoe_jax.core import settings
+from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.experiment.config_validation import validate_config
+from stablemoe_jax.models import routers
+
+UNTYPED = ("data", "compare")
+
+
+def _fields(cls, prefix: str = "") -> dict[str, dataclasses.Field]:
+  """{dotted key: field} of every leaf of section ``cls``."""
+  out = {}
+  for field in dataclasses.fields(cls):
+    kind = settings._hints(cls)[field.name]  # pylint: disable=protected-access
+    if cls is settings.RunSettings and field.name in UNTYPED:
+      continue
+    if dataclasses.is_dataclass(kind):
+      out.update(_fields(kind, f"{prefix}{field.name}."))
+    else:
+      out[f"{prefix}{field.name}"] = field
+  return out
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+  out = {}
+  for key, value in tree.items():
+    if prefix == "" and key in UNTYPED:
+      continue
+    if isinstance(value, dict):
+      out.update(_leaves(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def test_default_preset_is_the_dataclass_defaults_key_for_key():
+  preset, fields = _leaves(default.get_config().to_dict()), _fields(settings.RunSettings)
+  translation_only = {"task", "train.schedule", "train.label_smoothing", "eval.max_sentences"} | {
+      key for key in fields if key.startswith("decode.")}
+  assert set(preset) == set(fields) - translation_only
+  assert {key: value for key, value in preset.items()} == {key: fields[key].default for key in preset}
+  assert settings.from_config(default.get_config()) == dataclasses.replace(
+      settings.RunSettings(), data=settings.from_config(default.get_config()).data)
+  for key, field in fields.items():
+    assert field.metadata.get("help"), key  # every field says what it is
+
+
+def test_translation_preset_keys_are_fields_and_the_added_ones_exist():
+  preset, fields = _leaves(mt_cpu.get_config().to_dict()), _fields(settings.RunSettings)
+  assert set(preset) == set(fields)
+  typed = settings.from_config(mt_cpu.get_config())
+  assert (typed.task, typed.train.schedule, typed.train.label_smoothing) == ("translation", "inverse_sqrt", 0.1)
+  assert typed.data.pairs == mt_cpu.get_config().data.pairs  # untyped sections pass through as given
+  assert typed.decode == settings.DecodeSettings()  # the translation preset's decoding is the default
+
+
+def test_registry_entries_own_the_router_sections():
+  moe = settings.MoESettings()
+  for name, entry in routers.ROUTERS.items():
+    assert type(moe.router_settings(name)) is entry.settings, name
+  assert {f.name for f in dataclasses.fields(settings.MoESettings)} >= set(routers.ROUTERS) | {"distilled_router"}
+
+
+def test_a_missing_key_reads_as_its_absent_value():
+  """A config written before a key existed (or a hand-built section) means the value that reproduces those runs,
+  which for a few keys differs from the preset's default."""
+  old = ml_collections.ConfigDict({"router": "stablemoe", "num_experts": 4, "stablemoe": {"balance_alpha": 0.2}})
+  moe = settings.typed(settings.MoESettings, old)
+  assert (moe.num_experts, moe.stablemoe.balance_alpha) == (4, 0.2)
+  assert (moe.num_groups, moe.shuffle_tokens) == (1, False)  # the preset's 0 and True came later
+  assert (moe.stablemoe.balance_scope, moe.stablemoe.affinity, moe.stablemoe.cosine_dim) == ("assigned", "dot", 0)
+  assert moe.deepseek == settings.DeepSeekSettings() and moe.distilled_router == settings.DistilledRouterSettings()
+  assert settings.typed(settings.HealthSettings, None) == settings.HealthSettings()
+  assert settings.typed(settings.MoESettings, moe) is moe
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("model.moe.num_expert", 4, "model.moe.num_expert is unknown; the model.moe keys are base, block_size, "),
+    ("model.moe.switch.topk", 2, "model.moe.switch.topk is unknown; the model.moe.switch keys are "),
+    ("train.stpes", 10, "train.stpes is unknown; the train keys are "),
+    ("model.moe.num_experts", "8", "model.moe.num_experts='8' must be an integer (configs/default.py: 8)"),
+    ("model.moe.enabled", 1, "model.moe.enabled=1 must be a bool"),
+    ("train.learning_rate", "1e-3", "train.learning_rate='1e-3' must be a number"),
+    ("health.on_collapse", 2, "health.on_collapse=2 must be a string"),
+])
+def test_a_typo_key_or_a_wrong_type_is_one_clear_error(path, value, message):
+  tree = default.get_config().to_dict()  # a preset file's value (a ConfigDict keeps a key's type once set)
+  *parents, key = path.split(".")
+  section = tree
+  for parent in parents:
+    section = section[parent]
+  section[key] = value
+  config = ml_collections.ConfigDict(tree)
+  with pytest.raises(ConfigError) as error:
+    validate_config(config)
+  assert str(error.value).startswith(message), str(error.value)
+  assert "\n" not in str(error.value)
+
+
+def test_a_typo_override_on_the_command_line_exits_2_with_one_line():
+  result = subprocess.run(
+      [sys.executable, "-m", "stablemoe_jax.main", "--config", "configs/default.py", "--workdir", "/nonexistent",
+       "--mode=plan", "--config.model.moe.num_expert=4"], capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "num_expert" in result.stderr and "Traceback" not in result.stderr

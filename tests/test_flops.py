@@ -91,7 +91,8 @@ def test_parameter_split_counts_experts_apart():
 def _routed_config(router: str, top_k: int, shared: int, eval_capacity_factor: float):
   config = _model_config(True)
   config.moe.router, config.moe.shared_experts = router, shared
-  config.moe[router].top_k = top_k
+  if top_k > 1:  # a top-1 router (stablemoe) has no top_k key
+    config.moe[router].top_k = top_k
   config.moe.eval_capacity_factor = eval_capacity_factor
   return config
 

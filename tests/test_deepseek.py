@@ -122,7 +122,8 @@ def test_layer_against_the_per_token_loop_with_capacity():
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   h = np.asarray(x, np.float64).reshape(24, D)
   choices, gates = hand_route(p["router"]["centroids"], p["router"]["expert_bias"], h, 2, 1.5)
-  capacity = capacity_lib.expert_capacity(24, E, 0.75)
+  capacity = capacity_lib.expert_capacity(24, E, 0.75, top_k=2)
+  assert capacity == 9  # ceil(0.75 * 2 * 24 / 4): some of the 48 choices are dropped
   load, want = np.zeros(E, int), h.copy()
   for j in range(2):  # every first choice, then every second choice
     for t in range(24):

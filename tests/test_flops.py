@@ -100,26 +100,27 @@ def _routed_config(router: str, top_k: int, shared: int, eval_capacity_factor: f
 @pytest.mark.parametrize("router, top_k, shared", [("switch", 2, 0), ("stablemoe", 1, 1), ("deepseek", 2, 1)])
 def test_topk_and_shared_expert_flops_match_hand_count_and_xla(router, top_k, shared):
   """Each of a token's k choices runs one expert FFN and each shared expert runs for every token: the active count
-  is k + n experts' sublayers a token. At eval capacity factor k (capacity counts choices: C = ceil(k T / N)) the
+  is k + n experts' sublayers a token. At eval capacity factor 1 (capacity counts choices: C = ceil(k T / N)) the
   index dispatcher's buffers compute exactly k rows a token, so XLA sees that active count plus the shared
-  experts; at capacity factor 1 the same buffers as top-1 (half the choices dropped), as the padded count says."""
+  experts; at capacity factor 1 / k the buffers of a top-1 layer (half of top-2's choices dropped), as the padded
+  count says."""
   d, f, experts, sublayers, expert_f = 64, 256, 4, 2, 128
   one_expert = sublayers * 4 * d * expert_f
   distill = 2 * experts * 16 if router == "stablemoe" else 0  # the distilled router's centroids [N, d']
   base = _hand_count(d, f, 2, 1000, SEQ) + 2 * experts * d + distill
-  config = _routed_config(router, top_k, shared, eval_capacity_factor=float(top_k))
+  config = _routed_config(router, top_k, shared, eval_capacity_factor=1.0)
   model = TransformerLM(config)
   params = jit_init(model, 0, jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
   active = flops.forward_flops_per_token(params, SEQ, top_k=top_k)
   assert active == base + (top_k + shared) * one_expert
-  assert flops.forward_flops_per_token(params, SEQ, capacity_factor=float(top_k)) == active
+  assert flops.forward_flops_per_token(params, SEQ, capacity_factor=1.0, top_k=top_k) == active
   assert flops.forward_flops_per_token(params, SEQ) == active - (top_k - 1) * one_expert  # the default k is 1
   xla = _xla_flops_per_token(model, params)
   assert active <= xla <= 1.05 * active, (active, xla)
-  if top_k > 1:  # capacity factor 1: the slots of a top-1 layer, so one expert row a token is computed
-    config = _routed_config(router, top_k, shared, eval_capacity_factor=1.0)
+  if top_k > 1:  # capacity factor 1 / k: the slots of a top-1 layer, so one expert row a token is computed
+    config = _routed_config(router, top_k, shared, eval_capacity_factor=1.0 / top_k)
     model = TransformerLM(config)
-    padded = flops.forward_flops_per_token(params, SEQ, capacity_factor=1.0)
+    padded = flops.forward_flops_per_token(params, SEQ, capacity_factor=1.0 / top_k, top_k=top_k)
     assert padded == base + (1 + shared) * one_expert
     xla = _xla_flops_per_token(model, params)
     assert padded <= xla <= 1.05 * padded, (padded, xla)

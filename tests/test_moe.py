@@ -82,6 +82,10 @@ def test_expert_capacity_hand_computed_on_non_divisible_cases():
   cases = {(10, 4, 1.0): 3, (10, 4, 2.0): 5, (7, 3, 1.0): 3, (12, 8, 1.25): 2, (24, 4, 0.75): 5, (8, 4, 0.75): 2,
            (6, 4, 0.1): 1, (5, 2, 4.0): 5, (9, 4, 0.0): 9, (16, 4, 1.0): 4}
   assert {k: capacity_lib.expert_capacity(*k) for k in cases} == cases
+  # Top-k: ceil(cf * k * T / N), at most T (a token chooses an expert once).
+  topk = {(10, 4, 1.0, 2): 5, (24, 4, 0.75, 2): 9, (8, 4, 0.75, 2): 3, (12, 8, 1.25, 3): 6, (24, 4, 2.0, 2): 24,
+          (10, 4, 2.0, 3): 10, (9, 4, 0.0, 2): 9, (16, 8, 1.0, 1): 2}
+  assert {k: capacity_lib.expert_capacity(*k) for k in topk} == topk
 
 
 @pytest.mark.parametrize("stage1", [True, False])

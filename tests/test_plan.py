@@ -1,6 +1,8 @@
 """--mode=plan: exact per-device state bytes, the activation estimate against XLA's, all-to-all bytes, errors."""
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -62,9 +64,15 @@ def test_topk_and_shared_experts_in_the_activation_and_all_to_all_estimates(ptb_
   model = config.model
   d, f, sublayers = model.d_model, model.moe.d_ff or model.d_ff, model.moe.sublayers_per_expert  # one MoE layer
   tokens = 8 * 16 / 4  # a device's tokens of the 8 x 16 batch
-  config.model.moe.switch.top_k = 2  # one more row a token each way, [T, d] float32; the same capacity slots
-  assert plan.activation_bytes_per_device(config, 4, 1) - base == tokens * 2 * d * 4
-  assert plan.all_to_all_bytes_per_device(config, 4) == sends
+  moe = config.model.moe
+  slots = max(moe.capacity_factor, 1.0)  # capacity slots a token at top-1
+  config.model.moe.switch.top_k = 2  # twice the capacity slots (capacity counts choices), one more row each way
+  assert plan.activation_bytes_per_device(config, 4, 1) - base == tokens * (
+      slots * (sublayers * (4 * d + 2 * f) + 2 * d) + 2 * d) * 4
+  step_tokens, groups, n = 8 * 16, moe.num_groups, moe.num_experts
+  assert sends == 4 * n * math.ceil(moe.capacity_factor * step_tokens / groups / n) * groups / 4 * d * 4 / 2
+  assert plan.all_to_all_bytes_per_device(config, 4) == (
+      4 * n * math.ceil(moe.capacity_factor * 2 * step_tokens / groups / n) * groups / 4 * d * 4 / 2)
   config.model.moe.switch.top_k, config.model.moe.shared_experts = 1, 1  # every token through one more expert
   assert plan.activation_bytes_per_device(config, 4, 1) - base == tokens * sublayers * (4 * d + 2 * f) * 4
   assert plan.all_to_all_bytes_per_device(config, 4) == sends  # replicated: nothing travels

@@ -1,5 +1,6 @@
 """Top-k routing (Switch top-k), top-k dispatch and shared experts against per-token loops worked out by hand."""
 import dataclasses
+import math
 import flax.linen as nn
 import jax
 from flax import traverse_util
@@ -175,10 +176,11 @@ def test_top2_layer_matches_the_hand_loop(capacity_factor, num_groups, dispatche
   got, sown = layer.apply({"params": params}, x, ids, jnp.array(True), deterministic=False,
                           mutable=[METRICS, AUX_LOSS, ROUTING])
   group = 24 // num_groups
-  capacity = capacity_lib.expert_capacity(group, E, capacity_factor)
+  capacity = capacity_lib.expert_capacity(group, E, capacity_factor, top_k=2)  # ceil(cf * 2 * Tg / E), <= Tg
+  assert capacity == (group if capacity_factor in (0.0, 2.0) else math.ceil(0.75 * 2 * group / E))
   want, choices, gates, kept = hand_topk_layer(params, np.asarray(x, np.float64).reshape(24, D), 2, capacity,
                                                num_groups)
-  assert capacity_factor == 0.0 or not kept.all()  # some choices are dropped: capacity counts choices
+  assert capacity == group or not kept.all()  # below Tg slots some choices are dropped: capacity counts choices
   np.testing.assert_allclose(np.asarray(got).reshape(24, D), want, rtol=2e-4, atol=2e-4)
   metrics, routing = sown[METRICS], sown[ROUTING]
   np.testing.assert_allclose(metrics["dropped_fraction"][0], 1 - kept.mean(), rtol=1e-6)
@@ -205,7 +207,7 @@ def test_shared_experts_add_their_ffns_to_the_routed_output(router, top_k):
   want = np.stack([np_ffn_stack(p, 0, h[t]) + np_ffn_stack(p, 1, h[t]) for t in range(24)])
   np.testing.assert_allclose(with_shared - without, want, rtol=2e-4, atol=2e-4)
   if router == "switch" and top_k == 2:  # and the whole output against the hand loop
-    full, *_ = hand_topk_layer(params, h, 2, capacity_lib.expert_capacity(24, E, 2.0), shared=2)
+    full, *_ = hand_topk_layer(params, h, 2, capacity_lib.expert_capacity(24, E, 2.0, top_k=2), shared=2)
     np.testing.assert_allclose(with_shared, full, rtol=2e-4, atol=2e-4)
 
 

@@ -82,9 +82,8 @@ def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
 
   Per token: each block keeps about ``10 d + 2 d_ff`` values (LayerNorm inputs and outputs, q/k/v,
   attention and FFN outputs, the ReLU input) plus its attention probabilities ``H * S``; each MoE
-  sublayer ``(4 d + 2 d_ff_e)`` per capacity slot (``capacity_factor`` slots per token, plus the
-  dispatch buffers; capacity counts choices, so top-k routing fills the same slots and adds only its k - 1 more
-  rows a token in and out, ``2 d`` each), and each shared expert (``model.moe.shared_experts``) its sublayers'
+  sublayer ``(4 d + 2 d_ff_e)`` per capacity slot (``capacity_factor * k`` slots per token, capacity counting
+  choices, plus the dispatch buffers; top-k routing adds its k - 1 more rows a token in and out, ``2 d`` each), and each shared expert (``model.moe.shared_experts``) its sublayers'
   ``(4 d + 2 d_ff_e)`` for every token; the LM head its float32 logits and their softmax (``2 V``). Translation:
   the encoder's blocks over the source and the decoder's over the target, each decoder block with a cross-attention
   (``4 d`` more and ``H * S`` more probabilities a token); its MoE layers split between the two.
@@ -100,10 +99,10 @@ def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
     moe = model.moe
     layers = num_moe_layers(config)
     sublayers = max(1, moe.sublayers_per_expert // layers)
-    slots = max(moe.capacity_factor, 1.0)
+    top_k, shared = routers.top_k(moe), moe.get("shared_experts", 0)
+    slots = max(moe.capacity_factor, 1.0) * top_k
     expert_values = sublayers * (4 * model.d_model + 2 * (moe.d_ff or model.d_ff))
     per_token += layers * slots * (expert_values + 2 * model.d_model) * itemsize
-    top_k, shared = routers.top_k(moe), moe.get("shared_experts", 0)
     if top_k > 1:  # each choice a row of its own on the way to the slots and back: k - 1 more [T, d] each way
       per_token += layers * (top_k - 1) * 2 * model.d_model * itemsize
     if shared > 0:  # every token through each shared expert, outside the capacity buffers
@@ -115,14 +114,15 @@ def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
 def all_to_all_bytes_per_device(config: ml_collections.ConfigDict, num_devices: int) -> int:
   """Bytes one device sends through all-to-alls in one train step (forward and backward, every MoE layer).
 
-  The capacity buffers travel: top-k routing's choices share them (capacity counts choices), so k does not change
-  the bytes, and shared experts, replicated on every device, send nothing."""
+  The capacity buffers travel: ``ceil(cf * k * T / G / N)`` slots per (group, expert), capacity counting choices;
+  shared experts, replicated on every device, send nothing."""
   model, train, expert_devices = config.model, config.train, config.mesh.expert
   if not has_moe_layers(model) or expert_devices == 1:
     return 0
   moe = model.moe
   tokens = train.batch_size * train.seq_len  # the whole step, all microbatches
-  capacity_slots = moe.num_experts * math.ceil(moe.capacity_factor * tokens / moe.num_groups / moe.num_experts)
+  capacity_slots = moe.num_experts * math.ceil(
+      moe.capacity_factor * routers.top_k(moe) * tokens / moe.num_groups / moe.num_experts)
   buffer = capacity_slots * moe.num_groups / num_devices * model.d_model * jnp.dtype(model.dtype).itemsize
   layers = num_moe_layers(config)  # translation: each layer routes one stream (source or target) of the batch
   # Dispatch and return in the forward, their transposes in the backward; the local share stays put.

@@ -1,7 +1,8 @@
 """Capacity slots: which of its expert's C slots each token (each choice, with top-k) takes in its routing group.
 
 Tokens are routed in G groups of ``Tg = T / G`` consecutive tokens; each (group, expert) pair has C slots
-(:func:`expert_capacity`), filled first come, first served in the group's order, or in a seeded permutation of
+(:func:`expert_capacity`: ``ceil(cf * k * Tg / N)``, MaxText's ``generate_masks`` convention, so a capacity
+factor means the same slack for every k), filled first come, first served in the group's order, or in a seeded permutation of
 it, so that an overflowing expert drops random tokens (:func:`group_slots`). With top-k routing every choice
 takes a slot: all first choices in that order, then all second choices (:func:`choice_slots`). A slot is
 ``expert * C + position`` in the group's flattened ``[N * C]`` buffer; ``N * C`` marks a dropped token (it gets
@@ -16,14 +17,17 @@ import jax
 import jax.numpy as jnp
 
 
-def expert_capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> int:
-  """``ceil(capacity_factor * T / N)``, at most T; ``capacity_factor <= 0`` means no limit (T).
+def expert_capacity(num_tokens: int, num_experts: int, capacity_factor: float, top_k: int = 1) -> int:
+  """``ceil(capacity_factor * k * T / N)``, at least 1, at most T; ``capacity_factor <= 0`` means no limit (T).
 
-  With routing groups, ``num_tokens`` is the group size ``T / G``.
+  Capacity counts choices: T tokens of k choices each fill ``k * T`` slots, so the slots an expert gets scale with
+  k (MaxText's ``tokens_per_batch = seq_len * num_experts_per_tok``; GShard's top-2 ``2 T / N``) and a capacity
+  factor of 1 has room for every choice of a balanced layer whatever k. T caps it: a token chooses an expert at
+  most once. With routing groups, ``num_tokens`` is the group size ``T / G``.
   """
   if capacity_factor <= 0:
     return num_tokens
-  return max(1, min(num_tokens, math.ceil(capacity_factor * num_tokens / num_experts)))
+  return max(1, min(num_tokens, math.ceil(capacity_factor * top_k * num_tokens / num_experts)))
 
 
 def _positions(expert_index: jax.Array, num_experts: int) -> jax.Array:

@@ -12,9 +12,8 @@ built from these modules is covered (dense, deeper, wider, any router):
 * routed expert weights ``w_in`` [N, s, d, f] and ``w_out`` [N, s, f, d] (under an ``experts`` module):
   ``2 * size / N * rows``, ``rows`` the expert rows a token costs: by default the active count, ``top_k``
   (each of a token's k choices runs one expert FFN); given a ``capacity_factor`` c, what the capacity-padded
-  buffers compute, N slots of ``c * T / N`` rows a routing group, so c rows a token whatever k (capacity counts
-  choices, ``models/moe.py``: a top-2 layer at c = 1 computes as many rows as a top-1 one and drops half its
-  choices);
+  buffers compute, N slots of ``c * k * T / N`` rows a routing group, so ``c * k`` rows a token (capacity counts
+  choices, ``models/capacity.py``);
 * the same stacked FFN outside an ``experts`` module, every token through each of its [n, s, ...] stacks:
   ``2 * size``: the shared experts (``shared_experts``, [n, ...], ``model.moe.shared_experts``: n expert FFNs a
   token) and the dense baselines' ``dense_ffn_*`` ([1, s, ...]);
@@ -55,7 +54,7 @@ def forward_flops_per_token(params: Any, seq_len: int, capacity_factor: float | 
   ``top_k``: the experts each token is routed to (``routers.top_k``); ``capacity_factor``: None for the active
   count (``top_k`` expert rows a token), else the capacity-padded buffers' (``capacity_factor`` rows a token).
   """
-  rows = top_k if capacity_factor is None else capacity_factor
+  rows = top_k if capacity_factor is None else capacity_factor * top_k
   flops = 0.0
   for path, leaf in _flat(params).items():
     size = math.prod(leaf.shape)

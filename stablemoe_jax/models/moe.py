@@ -65,8 +65,8 @@ class MoELayer(nn.Module):
   over devices, so no-drop evaluation costs about the routed rows, not N times them (on a GPU, index).
 
   Top-k (``Routing.expert_index [T, k]``, k > 1): each of a token's k choices takes a slot of its expert's capacity
-  (capacity counts choices, GShard's and MaxText's convention), filled in this order within a group: every token's
-  first choice (in the group's order, shuffled or not), then every token's second choice, and so on, so a second
+  (capacity counts choices, GShard's and MaxText's convention: ``ceil(cf * k * T / G / N)`` slots), filled in
+  this order within a group: every token's first choice (in the group's order, shuffled or not), then every token's second choice, and so on, so a second
   choice never displaces a first one. Each choice is dispatched as a row of its own (the dispatchers see a group
   of k * T / G rows) and the layer sums the k gated outputs. The load metrics count choices; the gate metrics read
   the first choice's gate.
@@ -119,7 +119,7 @@ class MoELayer(nn.Module):
       raise ValueError(f"model.moe.num_groups={groups} must divide the {h.shape[0]} tokens of a batch.")
     group_size = h.shape[0] // groups
     capacity_factor = cfg.eval_capacity_factor if deterministic else cfg.capacity_factor
-    capacity = capacity_lib.expert_capacity(group_size, num_experts, capacity_factor)
+    capacity = capacity_lib.expert_capacity(group_size, num_experts, capacity_factor, top_k)
     shuffle = cfg.shuffle_tokens and not deterministic and self.has_rng(SHUFFLE_RNG)
     shuffle_rng = self.make_rng(SHUFFLE_RNG) if shuffle else None
     group_valid = None if valid is None else valid.reshape(groups, group_size)

@@ -17,7 +17,7 @@ import ml_collections
 from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.settings import ModelSettings
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
-from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size, tied_logits  # noqa: F401
+from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size
 from stablemoe_jax.models import routers
 from stablemoe_jax.models.moe import MoELayer, make_moe_layer
 
@@ -178,7 +178,7 @@ class TransformerLM(nn.Module):
 
   ``model.dtype`` is the compute dtype: parameters stay float32 (the optimizer's master weights) and are
   cast where used; router affinities and every loss are float32; the LM head's matmul runs in the compute
-  dtype and its logits are cast to float32 (:func:`tied_logits`). The model returns the head's inputs
+  dtype and its logits are cast to float32 (:func:`models.head.tied_logits`). The model returns the head's inputs
   (:class:`HeadInputs`), not logits: the task's loss applies the head (whole or in chunks, ``models/head.py``).
   """
 

@@ -77,6 +77,25 @@ def test_fluctuation_curve_is_the_mean_of_the_runs_that_kept_one():
   assert report._mean_fluctuation_curve([run(0.2, 0.6), other_records]) is None
 
 
+def test_k_set_column_shows_the_mean_k_set_shares_only_for_top_k_rows():
+  """The k-set cell is the seeds' mean of each run's k-set shares; a file from before top-k routing counts its
+  first-choice shares as its k-set's; a table of top-1 rows leaves the column out (it would repeat the first-choice
+  column)."""
+  two = {"after_20": 0.5, "after_50": 0.25, "after_80": 0.0, "top_k": 2,
+         "k_set": {"after_20": 0.75, "after_50": 0.5, "after_80": 0.25}}
+  other = {**two, "k_set": {"after_20": 0.25, "after_50": 0.0, "after_80": 0.25}}
+  old = {"after_20": 0.5, "after_50": 0.0, "after_80": 0.0}
+  assert report._k_set_shares([two, other]) == {"after_20": 0.5, "after_50": 0.25, "after_80": 0.25}
+  assert report._k_set_shares([old]) == old and report._k_set_shares([two, None]) is None
+  assert report._top_k([two, old]) == 2 and report._top_k([old]) == 1 and report._top_k([None]) == 1
+  columns = [("method", lambda r: r["label"]), report.K_SET_COLUMN]
+  rows = [{"label": "Switch top-2", "top_k": 2, "fluctuation_k_set": report._k_set_shares([two, other])},
+          {"label": "Dense", "top_k": 1, "fluctuation_k_set": None}]
+  table = report.markdown_table(rows, columns)
+  assert "| Switch top-2 | 50.0% / 25.0% / 25.0% |" in table and "| Dense | -- |" in table
+  assert report.K_SET_COLUMN[0] not in report.markdown_table([{**rows[1], "top_k": 1}], columns)
+
+
 @pytest.mark.slow
 def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, prepared_ptb, tmp_path):
   config = _compare_config(tiny_config, "stablemoe,dense", seeds=2)

@@ -33,6 +33,17 @@ def _mean_shares(shares: list[dict | None]) -> dict[str, float] | None:
   return {key: float(np.mean([s[key] for s in shares])) for key in shares[0] if key.startswith("after_")}
 
 
+def _k_set_shares(shares: list[dict | None]) -> dict[str, float] | None:
+  """Mean over seeds of each k-set fluctuation share (a token changing its set of k experts); a file written before
+  top-k routing has only first-choice shares, which are its k-set's (k = 1). None as :func:`_mean_shares`."""
+  return _mean_shares([s and s.get("k_set", s) for s in shares])
+
+
+def _top_k(shares: list[dict | None]) -> int:
+  """The most choices a token takes in any of the runs (1 for a file written before top-k routing, or no records)."""
+  return max([int(s.get("top_k", 1)) for s in shares if s] or [1])
+
+
 def _mean_fluctuation_curve(shares: list[dict | None]) -> dict | None:
   """The mean of the runs' fluctuation curves at each record: "percent" [K], "share" [K], and "runs", how many runs
   kept a curve. Runs exported before curves were kept have shares only and are left out of the mean (the plot's
@@ -42,6 +53,14 @@ def _mean_fluctuation_curve(shares: list[dict | None]) -> dict | None:
     return None
   return {"percent": curves[0]["percent"], "share": np.mean([c["share"] for c in curves], axis=0).tolist(),
           "runs": len(curves)}
+
+
+def _shares_cell(shares: dict | None) -> str:
+  return "--" if shares is None else " / ".join(f"{shares[key]:.1%}" for key in ("after_20", "after_50", "after_80"))
+
+
+# A token's set of k experts changing (it equals the first choice's column at k = 1, so a top-1 table leaves it out).
+K_SET_COLUMN = ("k-sets changing after 20% / 50% / 80%", lambda r: _shares_cell(r.get("fluctuation_k_set")))
 
 
 # Per run: each health metric of its worst MoE layer (the one closest to dead), then the mean over seeds.
@@ -130,6 +149,8 @@ def method_rows(records: list[dict]) -> list[dict]:
                                           else None),
         "fluctuation": _mean_shares([r.get("fluctuation") for r in runs]),
         "fluctuation_curve": _mean_fluctuation_curve([r.get("fluctuation") for r in runs]),
+        "fluctuation_k_set": _k_set_shares([r.get("fluctuation") for r in runs]),
+        "top_k": _top_k([r.get("fluctuation") for r in runs]),
         "health": _method_health(runs),
         "eval": summaries[0].get("eval"),
         "devices": [_device_label(s) for s in summaries],
@@ -197,8 +218,8 @@ COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
     ("train wall time", lambda r: f"{r['train_seconds'] / 60:.1f} min"),
     ("distill agreement at stage-1 end", lambda r: "--" if r["distill_agreement_at_boundary"] is None
      else f"{r['distill_agreement_at_boundary']:.1%}"),
-    ("tokens changing expert after 20% / 50% / 80% of training", lambda r: "--" if r["fluctuation"] is None
-     else " / ".join(f"{r['fluctuation'][key]:.1%}" for key in ("after_20", "after_50", "after_80"))),
+    ("tokens changing expert after 20% / 50% / 80% of training", lambda r: _shares_cell(r["fluctuation"])),
+    K_SET_COLUMN,
     ("router health", _health_verdict),
     ("mean gate", _health_cell("mean_gate", ".3f")),
     ("gates < 0.01", _health_cell("low_gate_fraction", ".1%")),
@@ -235,7 +256,10 @@ def table_columns(rows: list[dict]) -> list[tuple[str, Callable[[dict], str]]]:
 
 
 def markdown_table(rows: list[dict], columns=None) -> str:
+  """The rows as a markdown table; the k-set column only when a row routes each token to more than one expert."""
   columns = table_columns(rows) if columns is None else columns
+  if not any(row.get("top_k", 1) > 1 for row in rows):
+    columns = [column for column in columns if column[0] != K_SET_COLUMN[0]]
   lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
   lines += ["| " + " | ".join(cell(row) for _, cell in columns) + " |" for row in rows]
   return "\n".join(lines) + "\n"

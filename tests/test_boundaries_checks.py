@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from conftest import REPO
+from tests.conftest import REPO
 
 from configs import default, mt_cpu, mt_files
 from stablemoe_jax.commands import analyze as analyze_command

@@ -84,8 +84,12 @@ def pytest_unconfigure(config):
 SLOW_WEIGHT = 30
 # Files that share one session fixture trained under a lock (mt_shared_run): one unit of work, so that one worker
 # trains it and uses it for both instead of the other worker waiting on the lock meanwhile.
+# The files of tests/data/ that read its conftest's ``ptb`` (one tokenization of PTB into TFDS records) likewise.
 SHARED_UNITS = {"tests/analysis/test_translation_analysis.py": "mt_shared_run",
-                "tests/compare/test_translation_compare.py": "mt_shared_run"}
+                "tests/compare/test_translation_compare.py": "mt_shared_run",
+                **{f"tests/data/{name}.py": "ptb_records"
+                   for name in ("common/test_tokenizers", "common/test_locate", "test_download", "lm/test_builder",
+                                "lm/test_stream_blocks", "lm/test_prepared_data", "lm/test_own_corpora")}}
 
 
 def _unit(nodeid: str) -> str:

@@ -1,4 +1,4 @@
-"""Run by tests/test_decoding_devices.py in a subprocess with 4 CPU devices.
+"""Run by tests/decoding/test_decoding_devices.py in a subprocess with 4 CPU devices.
 
 The tiny translation model (random, peaked parameters) decodes 7 sources with beam 3 on one device, and split over
 the 4 devices of a (data 2, expert 2) mesh with the parameters sharded over the mesh as a run could leave them. Writes ``OUT/decoded.npz`` for the test to compare.

@@ -1,4 +1,4 @@
-"""Run by tests/test_expert_parallel.py in a subprocess with 4 (or more) CPU devices.
+"""Run by tests/parallel/test_expert_parallel.py in a subprocess with 4 (or more) CPU devices.
 
 Computes, for one tiny model and one batch, on three layouts of the same devices (1 device;
 mesh.expert=4; data 2 x expert 2; all with G = 4 routing groups): the train-mode forward, every

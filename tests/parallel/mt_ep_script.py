@@ -1,4 +1,4 @@
-"""Run by tests/test_translation_expert_parallel.py in a subprocess with 2 CPU devices.
+"""Run by tests/parallel/test_translation_expert_parallel.py in a subprocess with 2 CPU devices.
 
 For the tiny translation model and one batch with padding, on 1 device and on mesh.expert=2 (2 routing groups
 both): the train-mode forward, every gradient leaf, what the MoE layers sow, and three train steps with their

@@ -1,6 +1,6 @@
 """Expert parallelism against one device: layouts, collectives, capacity, shuffle, checkpoints.
 
-Experts across several processes: tests/test_parallel.py (the launch script).
+Experts across several processes: tests/parallel/test_parallel.py (the launch script).
 
 Layout runs start subprocesses with fake CPU devices (XLA_FLAGS), since this process has one.
 """

@@ -1,5 +1,5 @@
 """Expert parallelism for translation: mesh.expert=2 on 2 fake CPU devices gives the single device's forward,
-gradients, MoE metrics and three train steps (the tolerances of tests/test_expert_parallel.py)."""
+gradients, MoE metrics and three train steps (the tolerances of tests/parallel/test_expert_parallel.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -60,3 +60,7 @@ def _reference_stream(tokenizer, path) -> np.ndarray:
 @pytest.fixture(scope='session')
 def valid_stream_ref(ptb, ptb_files) -> np.ndarray:
   return _reference_stream(ptb.tokenizer, ptb_files['valid'])
+
+
+def _eval_targets(lm, split):
+  return np.concatenate([b['targets'][b['weights'] > 0] for b in lm.eval_batches(split, 16, 64)])

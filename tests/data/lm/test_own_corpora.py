@@ -8,7 +8,7 @@ import pytest
 
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.lm import pipeline as data_lib
-from tests.data.conftest import _data_config
+from tests.data.conftest import _data_config, _eval_targets
 
 
 # --- bad own corpora -----------------------------------------------------------

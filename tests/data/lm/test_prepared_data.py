@@ -8,14 +8,10 @@ import pytest
 
 from stablemoe_jax.data.common import locate
 from stablemoe_jax.data.lm import pipeline as data_lib
-from tests.data.conftest import _data_config
+from tests.data.conftest import _data_config, _eval_targets
 
 
 # --- prepared data without the raw corpus ---------------------------------------
-
-
-def _eval_targets(lm, split):
-  return np.concatenate([b['targets'][b['weights'] > 0] for b in lm.eval_batches(split, 16, 64)])
 
 
 def test_prepared_data_serves_a_run_without_the_raw_corpus(ptb, prepared_dir, valid_stream_ref, tmp_path,

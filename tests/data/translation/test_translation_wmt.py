@@ -95,6 +95,13 @@ def write_fake_tfds(root: pathlib.Path, pair: str, records: dict[str, list[tuple
     class FakeWmtTranslate(tfds.core.GeneratorBasedBuilder):  # pylint: disable=unused-variable
       VERSION = tfds.core.Version("1.0.0")
 
+      # Defined in the package tests.data.translation: TFDS's default `code_path` would need the
+      # `importlib_resources` backport (as for stablemoe_jax/data/lm/builder.py); this builder downloads nothing.
+      @tfds.core.utils.classproperty
+      @classmethod
+      def code_path(cls):
+        return pathlib.Path(__file__)
+
       def _info(self):
         return tfds.core.DatasetInfo(builder=self, features=tfds.features.Translation(languages=languages))
 

@@ -15,7 +15,7 @@ Target tokens = the batch's scored target positions (`weights`, eos included).
 `--batch_config` takes the batch shapes (batch size, length, buckets, seed, temperature) from another config than
 the data's, e.g. configs/mt_paper.py's 2,048 x 256 positions in 3 buckets (8,192 rows of 64 at the shortest) over
 mt_cpu's prepared pairs. `--row_batches N` (default 10) then times `make_rows` on N drawn batches a reader against
-the per-row loop it replaced (tests/test_mt_rows.py's reference, same picks, batches checked equal), and the whole
+the per-row loop it replaced (tests/data/translation/test_mt_rows.py's reference, same picks, batches checked equal), and the whole
 iterator (draw + make_rows) against the per-row draw and loop, in rows/s, against the rows/s a GPU step needs at the
 shortest bucket:
 `--gpu_tokens_per_s` (default 339,200: dense lm_base on one H100, docs/speed.md) / that bucket's length.
@@ -70,7 +70,7 @@ def time_round(sets, config, batches: int) -> tuple[float, int, list]:
 
 
 def _loop_reference():
-  """The per-row ``make_rows`` and ``MixedPairIterator.draw`` of before issue 40, kept in tests/test_mt_rows.py."""
+  """The per-row ``make_rows`` and ``MixedPairIterator.draw`` of before issue 40, kept in tests/data/translation/test_mt_rows.py."""
   import importlib.util
   import sys
   tests = pathlib.Path(__file__).resolve().parents[1] / 'tests'

@@ -130,7 +130,7 @@ def train_flops_per_token(shape: GPT2Shape, seq_len: int) -> int:
 
   Forward: per block 2 (4 d^2 + 2 d d_ff) for the qkv, output and FFN kernels plus 4 S d for ``QK^T`` and
   ``AV``; the tied LM head 2 V d. Written out here rather than read from a parameter tree, so that it
-  checks ``stablemoe_jax.models.flops`` on the same shapes (tests/test_throughput.py).
+  checks ``stablemoe_jax.models.flops`` on the same shapes (tests/benchmarks/test_throughput.py).
   """
   d = shape.d_model
   per_block = 2 * (4 * d * d + 2 * d * shape.d_ff) + 4 * seq_len * d

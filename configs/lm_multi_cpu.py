@@ -18,7 +18,7 @@ import ml_collections
 from configs import compare_cpu
 from configs import lm_files
 
-# stablemoe_jax/data/prepare/union_corpus.py SOURCES (tests/test_lm_multi.py checks they agree; configs/ may not
+# stablemoe_jax/data/prepare/union_corpus.py SOURCES (tests/data/lm/test_lm_multi.py checks they agree; configs/ may not
 # import the data preparation).
 SOURCES = ("ptb", "multi30k_en", "multi30k_de", "multi30k_fr", "multi30k_cs", "bible_en", "bible_es")
 

@@ -84,8 +84,12 @@ def pytest_unconfigure(config):
 SLOW_WEIGHT = 30
 # Files that share one session fixture trained under a lock (mt_shared_run): one unit of work, so that one worker
 # trains it and uses it for both instead of the other worker waiting on the lock meanwhile.
-SHARED_UNITS = {"tests/test_translation_analysis.py": "mt_shared_run",
-                "tests/test_translation_compare.py": "mt_shared_run"}
+# The files of tests/data/ that read its conftest's ``ptb`` (one tokenization of PTB into TFDS records) likewise.
+SHARED_UNITS = {"tests/analysis/test_translation_analysis.py": "mt_shared_run",
+                "tests/compare/test_translation_compare.py": "mt_shared_run",
+                **{f"tests/data/{name}.py": "ptb_records"
+                   for name in ("common/test_tokenizers", "common/test_locate", "test_download", "lm/test_builder",
+                                "lm/test_stream_blocks", "lm/test_prepared_data", "lm/test_own_corpora")}}
 
 
 def _unit(nodeid: str) -> str:
@@ -204,7 +208,7 @@ def mt_shared_run(tmp_path_factory) -> pathlib.Path:
   """The comparison folder of one tiny StableMoE translation run (``mt_fixtures.shared_run_config``), trained once
   per test run: xdist's workers share it through their common temporary folder and a lock, so whichever needs it
   first trains it and the other waits. Read it only; ``mt_fixtures.copy_shared_run`` gives a test its own copy."""
-  from mt_fixtures import train_shared_run  # pylint: disable=import-outside-toplevel (it imports this module)
+  from tests.mt_fixtures import train_shared_run  # pylint: disable=import-outside-toplevel (it imports this module)
   if not os.environ.get("PYTEST_XDIST_WORKER"):
     return train_shared_run(tmp_path_factory.getbasetemp() / "mt_shared_run")
   root = tmp_path_factory.getbasetemp().parent  # shared by the workers of this run

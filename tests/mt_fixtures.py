@@ -8,7 +8,7 @@ import shutil
 
 import ml_collections
 import pytest
-from conftest import SHARED_DATA
+from tests.conftest import SHARED_DATA
 
 from configs import mt_cpu
 from stablemoe_jax.compare import runner

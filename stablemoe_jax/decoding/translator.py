@@ -3,12 +3,12 @@ keys and values once, then greedy or beam search with the self-attention's key/v
 
 The decoding model routes without a capacity limit (``model.moe.eval_capacity_factor = 0``), so no token is
 ever dropped and each decode step's token goes to the expert a teacher-forced forward over the same prefix
-gives it (``tests/test_translation_model.py``).
+gives it (``tests/models/test_translation_model.py``).
 
 On a mesh of several devices (a run's ``exp.mesh``, any layout, any number of processes) the sentences are
 split over every device and the parameters replicated for decoding (all-gathered once per batch, inside the
 program); each device routes its own sentences (one routing group a device), which with no capacity limit gives
-every token the expert one device gives it (``tests/test_decoding_devices.py``).
+every token the expert one device gives it (``tests/decoding/test_decoding_devices.py``).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ training and evaluation pipelines of `pipeline` run on it unchanged:
       -> ShardedStream.read(start, stop)                  (records covering the range)
       -> blocks.TrainBlocks -> grain shuffle / repeat / batch / [process::count]
 
-so on PTB the batches equal today's (`tests/test_prepare_reader.py`), and the
+so on PTB the batches equal today's (`tests/data/lm/test_prepare_reader.py`), and the
 iterator state is the same `{'next_index': k}` the train loop checkpoints.
 Record lengths come from the manifest, so opening a split reads no record.
 Splits up to `stream.IN_MEMORY_MAX_TOKENS` tokens are read once into memory.

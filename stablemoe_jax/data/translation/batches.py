@@ -209,7 +209,7 @@ def pack_rows(picks: Picks, rows: int, max_len: int) -> tuple[Batch, int]:
   Each pair keeps ``make_rows``'s layout (source; bos + target; target + eos; weights over target + eos) at its
   offsets in its row, and the ``PACKING_KEYS`` entries say which pair a position belongs to and where in it: the
   model attends only within a pair (``models/seq2seq.py``) and numbers positions from each pair's start, so a
-  pair's loss is what it is alone in a row (tests/test_mt_packing.py).
+  pair's loss is what it is alone in a row (tests/data/translation/test_mt_packing.py).
 
   Raises:
     ValueError: a pair does not fit ``max_len`` (as ``make_rows``).
@@ -356,7 +356,7 @@ class MixedPairIterator:
     """``rows`` (set, index) picks of bucket ``bucket``: a pair by its weight, then one of its sentences."""
     pairs = rng.choice(len(self._sets), size=rows, p=self._pair_probs[bucket])
     # One bounded draw per row, as a draw per row would (numpy's Generator draws an array of bounds element by
-    # element: tests/test_mt_rows.py checks the picks against the per-row draws).
+    # element: tests/data/translation/test_mt_rows.py checks the picks against the per-row draws).
     per_pair = [self._indices[p][bucket] for p in range(len(self._sets))]
     choice = rng.integers(np.array([len(idx) for idx in per_pair])[pairs])
     indices = np.zeros(rows, np.int64)

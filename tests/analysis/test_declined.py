@@ -1,0 +1,108 @@
+"""Declined tokens (analysis/declined.py, commands/declined.py): the counts by hand, and on tiny BASE and Hash models
+against the routing records' functions and the layer's own health metrics."""
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from tests.conftest import share_prepared_ptb
+
+from stablemoe_jax.analysis.declined import DeclinedCounts, declined_tokens
+from stablemoe_jax.analysis.report import global_inputs
+from stablemoe_jax.analysis.routes import analysis_model, make_sample_router
+from stablemoe_jax.commands import declined as declined_command
+from stablemoe_jax.experiment import loop
+from stablemoe_jax.models.routing import METRICS
+
+
+def test_counts_of_a_hand_made_batch():
+  counts = DeclinedCounts()
+  train = np.array([0, 1, 2, 3, 1, 0])
+  inference = np.array([0, 2, 2, 1, 1, 3])  # tokens 1, 3, 5 forced
+  gate = np.array([0.5, 0.001, 0.005, 0.002, 0.9, 0.3])
+  mask = np.array([True, True, True, True, True, False])  # token 5 is padding
+  counts.add(train, gate, inference, mask)
+  summary = counts.summary()
+  assert summary["tokens"] == 5
+  assert summary["forced_fraction"] == pytest.approx(2 / 5)  # tokens 1 and 3
+  assert summary["low_gate_fraction"] == pytest.approx(3 / 5)  # tokens 1, 2, 3
+  assert summary["forced_share_of_low_gates"] == pytest.approx(2 / 3)
+  assert summary["low_gate_fraction_forced"] == 1.0 and summary["low_gate_fraction_own"] == pytest.approx(1 / 3)
+  assert summary["mean_gate_forced"] == pytest.approx((0.001 + 0.002) / 2)
+  assert summary["mean_gate_own"] == pytest.approx((0.5 + 0.005 + 0.9) / 3)
+  assert DeclinedCounts().summary()["forced_fraction"] is None  # nothing counted: no ratio, not a division error
+
+
+def _experiment(tiny_config, prepared_ptb, tmp_path, router):
+  config = ml_collections.ConfigDict(tiny_config.to_dict())
+  config.model.moe.router = router
+  share_prepared_ptb(prepared_ptb, tmp_path)
+  return loop.Experiment(config, tmp_path)
+
+
+def _reference(exp, params, batches):
+  """Forced share from the routing records' router, low-gate share from the layer's sown training metrics."""
+  cfg = exp.config
+  model = analysis_model(exp.task, cfg.model)
+  sample_router = jax.jit(make_sample_router(model, cfg.seed), static_argnums=2)
+  forced, low, tokens = 0.0, 0.0, 0
+  for batch in batches:
+    inputs = global_inputs(exp, batch)
+    train, inference = sample_router(params, inputs, True)
+    _, sown = model.apply({"params": params}, *inputs, jnp.array(True), deterministic=False,
+                          rngs={"dropout": jax.random.key(0)}, mutable=[METRICS])
+    low_fraction = [v for k, v in jax.tree_util.tree_flatten_with_path(sown[METRICS])[0]
+                    if "low_gate_fraction" in jax.tree_util.keystr(k)]
+    n = int((np.asarray(batch["weights"]) > 0).sum())
+    assert n == batch["weights"].size  # full batches: the metric's weighted mean is a plain mean
+    forced += float((np.asarray(train["moe_0"]) != np.asarray(inference["moe_0"])).sum())
+    low += float(low_fraction[0]) * n
+    tokens += n
+  return forced / tokens, low / tokens
+
+
+@pytest.mark.parametrize("router", ["base", "hash"])
+def test_forced_and_declined_shares_match_independent_routing_and_metrics(tiny_config, prepared_ptb, tmp_path, router):
+  exp = _experiment(tiny_config, prepared_ptb, tmp_path, router)
+  try:
+    params = exp.init_state().params
+    layers = declined_tokens(exp, params, "valid", max_batches=3)
+    cfg = ml_collections.ConfigDict(exp.config.to_dict())
+    cfg.eval.batch_size, cfg.eval.seq_len = cfg.train.batch_size, cfg.train.seq_len
+    batches = [b for _, b in zip(range(3), exp.task.eval_batches(exp.data, cfg, "valid"))]
+  finally:
+    exp.checkpointer.close()
+  assert list(layers) == ["moe_0"]
+  summary = layers["moe_0"]
+  assert summary["tokens"] == 3 * cfg.train.batch_size * cfg.train.seq_len
+  forced, low = _reference(exp, params, batches)
+  assert summary["forced_fraction"] == pytest.approx(forced)
+  assert summary["low_gate_fraction"] == pytest.approx(low, abs=1e-6)
+  if router == "hash":  # the same table in training and at inference; gate 1
+    assert summary["forced_fraction"] == 0.0 and summary["low_gate_fraction"] == 0.0
+  else:  # the balanced assignment moves some tokens off their argmax at initialisation already
+    assert 0.0 < summary["forced_fraction"] < 1.0
+
+
+def test_command_on_a_trained_run_writes_its_json(tiny_config, prepared_ptb, tmp_path, capsys):
+  config = ml_collections.ConfigDict(tiny_config.to_dict())
+  config.model.moe.router = "base"
+  config.train.steps, config.train.stage1_steps, config.train.checkpoint_every = 4, 2, 4
+  share_prepared_ptb(prepared_ptb, tmp_path)
+  loop.train_and_evaluate(config, tmp_path)
+  result = declined_command.main([str(tmp_path), "--batches", "2"])
+  saved = json.loads((tmp_path / "analysis" / "declined_valid_step4.json").read_text())
+  assert saved == json.loads(json.dumps(result)) and saved["step"] == 4
+  assert saved["layers"]["moe_0"]["tokens"] == 2 * config.train.batch_size * config.train.seq_len
+  assert "moe_0: 128 tokens; forced off the inference expert" in capsys.readouterr().out
+
+
+def test_command_names_a_folder_that_is_not_a_run(tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    declined_command.main([str(tmp_path)])
+  assert exit_info.value.code == 2
+  assert "config.json not found: RUN_DIR must be the workdir of a training run" in capsys.readouterr().err

@@ -6,9 +6,8 @@ from typing import Callable
 
 from absl import app, flags
 
-from stablemoe_jax.core.errors import ConfigError, DataError, DataNotFoundError, NonFiniteLossError
-from stablemoe_jax.train.checkpoint import CheckpointMismatchError
-from stablemoe_jax.train.health import CollapseError
+from stablemoe_jax.core.errors import (CheckpointMismatchError, CollapseError, ConfigError, DataError, DataNotFoundError,
+                                      NonFiniteLossError)
 
 # Errors whose message names the problem and the fix; a traceback would add nothing.
 USER_ERRORS = (ConfigError, DataError, DataNotFoundError, CheckpointMismatchError, NonFiniteLossError,

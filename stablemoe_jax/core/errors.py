@@ -10,6 +10,14 @@ class NonFiniteLossError(FloatingPointError):
   """The training loss became NaN or infinite; the message names the last checkpoint and the settings to change."""
 
 
+class CheckpointMismatchError(ValueError):
+  """The checkpoint was written by a run with a different config."""
+
+
+class CollapseError(RuntimeError):
+  """A MoE layer is dead and ``health.on_collapse="stop"``; the message names the layer, numbers and cures."""
+
+
 class DataNotFoundError(FileNotFoundError):
   """The corpus directory or one of its expected files does not exist."""
 

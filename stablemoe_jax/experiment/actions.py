@@ -18,7 +18,7 @@ import numpy as np
 import tqdm
 
 from stablemoe_jax.analysis.contribution import layer_contributions
-from stablemoe_jax.core.errors import NonFiniteLossError
+from stablemoe_jax.core.errors import CollapseError, NonFiniteLossError
 from stablemoe_jax.experiment.clock import TrainClock
 from stablemoe_jax.train import health as health_lib
 from stablemoe_jax.train.metrics import MetricWriter
@@ -117,7 +117,7 @@ def handle_collapses(guard: health_lib.CollapseGuard, collapses: list[health_lib
   """
   for collapse in collapses:
     if collapse.dead and guard.settings.on_collapse == "stop":
-      raise health_lib.CollapseError(health_lib.stop_message(collapse, last_checkpoint))
+      raise CollapseError(health_lib.stop_message(collapse, last_checkpoint))
     if announce and jax.process_index() == 0:
       tqdm.tqdm.write(collapse.message(), file=sys.stderr)
 

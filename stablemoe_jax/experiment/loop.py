@@ -16,6 +16,7 @@ from stablemoe_jax.analysis.contribution import experiment_contributions
 from stablemoe_jax.analysis.recorder import RoutingRecorder
 from stablemoe_jax.experiment import actions
 from stablemoe_jax.core import settings as settings_lib
+from stablemoe_jax.core.errors import CheckpointMismatchError
 from stablemoe_jax.experiment import plan as plan_lib
 from stablemoe_jax.experiment.clock import TrainClock
 from stablemoe_jax.experiment.config_validation import check_backend, check_prepared, validate_config
@@ -191,7 +192,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   if start is not None:
     state, data_state = exp.checkpointer.restore(start, ckpt_lib.abstract_like(state))
     if start > train_cfg.steps:  # only a schedule free of train.steps gets here (restore compares the rest)
-      raise ckpt_lib.CheckpointMismatchError(
+      raise CheckpointMismatchError(
           f"the latest checkpoint in {exp.workdir / 'checkpoints'} is at step {start}, past train.steps="
           f"{train_cfg.steps}; set --config.train.steps={start} or more to extend the run, or use a new --workdir.")
     train_iter.set_state(data_state)

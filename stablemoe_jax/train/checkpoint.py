@@ -10,6 +10,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from stablemoe_jax.core.constants import task_name
+from stablemoe_jax.core.errors import CheckpointMismatchError
 from stablemoe_jax.core.settings import TrainSettings
 from stablemoe_jax.models.routers import without_added_settings
 
@@ -18,10 +19,6 @@ _RESUMABLE_TRAIN_KEYS = ("log_every", "eval_every", "eval_batches", "checkpoint_
 # Schedules whose learning rate at a step does not depend on ``train.steps``: a finished run of one of them may be
 # extended (resumed with a larger ``train.steps``) and continues as a run set that long from the start would.
 _STEP_COUNT_FREE_SCHEDULES = ("inverse_sqrt",)
-
-
-class CheckpointMismatchError(ValueError):
-  """The checkpoint was written by a run with a different config."""
 
 
 def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:

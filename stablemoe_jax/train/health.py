@@ -11,7 +11,7 @@ A MoE layer is **dead** when it does no measurable work (docs/router_health.md):
 Both are measured the same way for every router. In training, the contribution is measured at every evaluation
 point (``train.eval_every``, on the ``train.eval_batches`` batches the validation uses) and the load in every log
 window (``patience`` consecutive windows); a layer found dead after ``health.after_step`` is flagged once, and the
-loop prints the message (``on_collapse="warn"``) or raises :class:`CollapseError` (``"stop"``). The run's verdict,
+loop prints the message (``on_collapse="warn"``) or raises :class:`~stablemoe_jax.core.errors.CollapseError` (``"stop"``). The run's verdict,
 ``summary.json["health"]``, is the same rule applied at the end of training, on the final contribution
 (``health.contribution_batches`` batches) and the last log window; :func:`judge_summary` applies it to any summary,
 runs written before this rule included, so every committed run is judged alike.
@@ -40,10 +40,6 @@ HEALTH_METRICS = ("mean_gate", "low_gate_fraction", "load_balance", "max_load", 
 ON_COLLAPSE = ("warn", "stop")
 GATE_KINDS = routers.GATE_KINDS  # what a router's gate is (its registry entry says): its attainable range follows
 DOCS_PAGE = 'docs/router_health.md'
-
-
-class CollapseError(RuntimeError):
-  """A MoE layer is dead and ``health.on_collapse="stop"``; the message names the layer, numbers and cures."""
 
 
 @dataclasses.dataclass(frozen=True)

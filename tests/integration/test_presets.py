@@ -12,7 +12,7 @@ import sys
 import pytest
 from tests.conftest import REPO, make_tiny_config, share_prepared_ptb, xla_flags
 
-from stablemoe_jax.core.errors import ConfigError, DataNotFoundError
+from stablemoe_jax.core.errors import CheckpointMismatchError, ConfigError, DataNotFoundError
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.experiment import plan as plan_lib
 
@@ -242,7 +242,7 @@ def test_automatic_groups_are_recorded_and_a_resumption_or_evaluation_on_one_dev
   # Independent of the record: one group routes differently (with capacity 0.5 more tokens overflow), and a
   # checkpoint of 2 groups is refused to a config that asks for 1.
   config.model.moe.num_groups = 1
-  with pytest.raises(loop.ckpt_lib.CheckpointMismatchError, match="num_groups: checkpoint 2, this config 1"):
+  with pytest.raises(CheckpointMismatchError, match="num_groups: checkpoint 2, this config 1"):
     loop.evaluate_checkpoint(config, workdir, step=4)
   trained, one_group = loop.Experiment(groups_config(ptb_dir), workdir), loop.Experiment(config, tmp_path / "one_group")
   try:

@@ -14,7 +14,8 @@ from stablemoe_jax.core.errors import NonFiniteLossError
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.experiment.step import make_train_step
-from stablemoe_jax.train.checkpoint import CheckpointMismatchError, abstract_like
+from stablemoe_jax.core.errors import CheckpointMismatchError
+from stablemoe_jax.train.checkpoint import abstract_like
 
 
 def _distilled(params):

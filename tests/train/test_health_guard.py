@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from configs import default
+from stablemoe_jax.core import errors
 from stablemoe_jax.experiment import actions, loop
 from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.train import health
@@ -206,11 +207,11 @@ def test_warn_prints_one_message_and_stop_raises_only_for_a_dead_layer(capsys):
   stopping = health.CollapseGuard(_settings(patience=1, on_collapse="stop", affinity="dot"), start_step=10)
   actions.handle_collapses(stopping, stopping.observe(20, _window(gate=0.001, layer="moe_1")), 10)  # a warning
   assert "ROUTER HEALTH warning" in capsys.readouterr().err
-  with pytest.raises(health.CollapseError, match=r"moe_1 .*Nothing was saved after the last checkpoint \(step 10\)"):
+  with pytest.raises(errors.CollapseError, match=r"moe_1 .*Nothing was saved after the last checkpoint \(step 10\)"):
     actions.handle_collapses(stopping, stopping.observe_contribution(30, {"moe_1": 0.0}), 10)
   assert "No checkpoint was written yet" in health.stop_message(stopping.dead["moe_1"], None)
   from stablemoe_jax import cli
-  assert health.CollapseError in cli.USER_ERRORS  # one line and exit status 2 from python -m stablemoe_jax.main
+  assert errors.CollapseError in cli.USER_ERRORS  # one line and exit status 2 from python -m stablemoe_jax.main
 
 
 # --- the guard in training on real data ----------------------------------------------------------------------------
@@ -246,7 +247,7 @@ def _collapsing_config(ptb_dir):
 @pytest.mark.slow
 def test_stop_ends_a_collapsing_run_with_the_layer_and_its_numbers(ptb_dir, shared_data, tmp_path):
   workdir = _workdir(tmp_path, shared_data)
-  with pytest.raises(health.CollapseError) as raised:
+  with pytest.raises(errors.CollapseError) as raised:
     loop.train_and_evaluate(_collapsing_config(ptb_dir), workdir)
   message = str(raised.value)
   assert "MoE layer moe_0 (router 'stablemoe') is dead at step" in message and "mean_gate 0.0" in message

@@ -133,6 +133,7 @@ def method_rows(records: list[dict]) -> list[dict]:
     valid_loss = _mean_std(valid_losses)
     test = _mean_std([s["test"]["perplexity"] for s in summaries])
     agreements = [s.get("distill_agreement_at_boundary") for s in summaries]
+    fluctuations = [r.get("fluctuation") for r in runs]
     result.append({
         "method": name, "label": first["label"], "overrides": first["overrides"], "seeds": [r["seed"] for r in runs],
         "shared_params": first["shared_params"], "expert_params": first["expert_params"],
@@ -147,10 +148,10 @@ def method_rows(records: list[dict]) -> list[dict]:
         "train_seconds": float(np.mean([s["train_seconds"] for s in summaries])),
         "distill_agreement_at_boundary": (float(np.mean(agreements)) if all(a is not None for a in agreements)
                                           else None),
-        "fluctuation": _mean_shares([r.get("fluctuation") for r in runs]),
-        "fluctuation_curve": _mean_fluctuation_curve([r.get("fluctuation") for r in runs]),
-        "fluctuation_k_set": _k_set_shares([r.get("fluctuation") for r in runs]),
-        "top_k": _top_k([r.get("fluctuation") for r in runs]),
+        "fluctuation": _mean_shares(fluctuations),
+        "fluctuation_curve": _mean_fluctuation_curve(fluctuations),
+        "fluctuation_k_set": _k_set_shares(fluctuations),
+        "top_k": _top_k(fluctuations),
         "health": _method_health(runs),
         "eval": summaries[0].get("eval"),
         "devices": [_device_label(s) for s in summaries],

@@ -72,9 +72,9 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
   if device_count is not None:  # the layout before the groups' own checks: a resolved G names the devices it fits
     model_checks.check_devices(config, device_count)
   model_checks.check_moe(config)
-  if task == "lm" and config.data.get("eval_sets", ""):
+  if task == "lm" and run.data.eval_sets:
     from stablemoe_jax.data.lm import eval_sets  # pylint: disable=import-outside-toplevel
-    eval_sets.parse(config.data)  # a bad data.eval_sets: one line, before any work
+    eval_sets.parse(run.data)  # a bad data.eval_sets: one line, before any work
   if task == "translation":
     # Imported here: importing the translation task loads its input pipeline.
     from stablemoe_jax.tasks import translation as translation_task
@@ -86,7 +86,7 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
 def _glob_overrides(data, keys: tuple[str, ...]) -> str:
   """`` --config.data.KEY=VALUE`` for each key: the config's value where it has one, else a placeholder."""
   placeholders = {"pairs": "xx-en,yy-en", "tfds_data_dir": "DIR"}
-  values = [(key, data.get(key) or placeholders.get(key, "GLOB")) for key in keys]
+  values = [(key, getattr(data, key) or placeholders.get(key, "GLOB")) for key in keys]
   return "".join(f" --config.data.{key}='{value}'" for key, value in values)
 
 
@@ -95,8 +95,8 @@ def check_prepared(config, workdir, config_arg: str = "CONFIG") -> None:
   ``python -m stablemoe_jax.data.prepare`` prepares (``data.corpus=files`` of either task, WMT); one line naming that
   command with ``config_arg`` (the ``--config`` given), made before anything is written, prepared or compiled.
   Other corpora (PTB, ``text``, Multi30k + Bible) are prepared by the run itself."""
-  data, prepared_dir = config.data, pathlib.Path(workdir) / "data"
-  corpus, task = data.get("corpus", ""), task_name(config)
+  data, prepared_dir = settings_lib.from_config(config).data, pathlib.Path(workdir) / "data"
+  corpus, task = data.corpus, task_name(config)
   if task == "lm" and corpus == "files":
     from stablemoe_jax.data.lm import prepared  # pylint: disable=import-outside-toplevel
     if prepared.is_sharded(prepared_dir):

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import AbstractMesh
 
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.models import routers
@@ -212,8 +213,9 @@ def check_host_memory(config: ml_collections.ConfigDict, device_count: int, loca
     return
   config = ml_collections.ConfigDict(config.to_dict())
   if not config.model.vocab_size:
-    known = task_name(config) == "translation" or config.data.get("tokenizer", "word") == "sentencepiece"
-    config.model.vocab_size = int(config.data.get("sentencepiece_vocab_size", 1)) if known else 1
+    data = settings_lib.from_config(config).data
+    known = task_name(config) == "translation" or data.tokenizer == "sentencepiece"
+    config.model.vocab_size = int(data.sentencepiece_vocab_size) if known else 1
   state = state_bytes_per_device(config, device_count)
   per_device = 2 * state["params"] + state["opt_state"]  # the gradients are laid out as the parameters
   need = local_devices * per_device

@@ -29,20 +29,20 @@ from stablemoe_jax.train.schedules import SCHEDULES
 def check_config(config) -> None:
   """The config sections as translation reads them, beyond the shared checks (``config_validation``)."""
   run = settings_lib.from_config(config)
-  train, moe = run.train, run.model.moe
-  corpus = config.data.get("corpus", "multi30k_bible")
+  train, moe, data = run.train, run.model.moe, run.data
+  corpus = data.corpus
   require(corpus in ("multi30k_bible", "wmt", "files"),
           f"data.corpus={corpus!r} is unknown; choose multi30k_bible, wmt or files.")
   if corpus == "files":  # a user's own parallel files (configs/mt_files.py)
-    require_parses(parallel_files.check_config, config.data)
+    require_parses(parallel_files.check_config, data)
   if corpus == "wmt":
-    require_parses(wmt.parse_wmt_pairs, config.data.pairs)
-  require(config.data.get("sampling_temperature", 1.0) > 0,
-          f"data.sampling_temperature={config.data.get('sampling_temperature')} must be > 0 (1: proportional).")
-  require_parses(batch_lib.length_buckets, config.data.get("length_buckets", 1), train.seq_len)
-  require(not config.data.get("pack_pairs", False) or config.data.get("length_buckets", 1) == 1,
+    require_parses(wmt.parse_wmt_pairs, data.pairs)
+  require(data.sampling_temperature > 0,
+          f"data.sampling_temperature={data.sampling_temperature} must be > 0 (1: proportional).")
+  require_parses(batch_lib.length_buckets, data.length_buckets, train.seq_len)
+  require(not data.pack_pairs or data.length_buckets == 1,
           f"data.pack_pairs=True packs pairs into rows of train.seq_len, so it takes no length buckets; set "
-          f"--config.data.length_buckets=1 (it is {config.data.get('length_buckets', 1)}).")
+          f"--config.data.length_buckets=1 (it is {data.length_buckets}).")
   require(0.0 <= train.label_smoothing < 1.0, f"train.label_smoothing={train.label_smoothing} must lie in [0, 1).")
   require(run.eval.max_sentences >= 0,
           f"eval.max_sentences={run.eval.max_sentences} must be >= 0 (0: every sentence).")
@@ -71,10 +71,10 @@ class TranslationTask:
 
   def __init__(self, config):
     self._label_smoothing = float(settings_lib.typed(settings_lib.TrainSettings, config.train).label_smoothing)
-    self._pack = bool(config.get("data", {}).get("pack_pairs", False))
+    self._pack = settings_lib.typed(settings_lib.TranslationDataSettings, config.data).pack_pairs
 
   def load_data(self, data_config, prepared_dir):
-    corpus = data_config.get("corpus", "multi30k_bible")
+    corpus = settings_lib.typed(settings_lib.TranslationDataSettings, data_config).corpus
     # A user's files and WMT go through `prepare` (pair shards); Multi30k and the Bible are encoded here if not.
     if corpus in ("files", "wmt") and not (pathlib.Path(prepared_dir) / "translation" / data_lib.MANIFEST).is_file():
       if corpus == "wmt":
@@ -112,11 +112,11 @@ class TranslationTask:
     return {"nll_sum": jnp.sum(head_token_nll(output, batch["targets"]) * weights), "tokens": weights.sum()}
 
   def train_iterator(self, data, config, shard_index: int, shard_count: int):
-    train = config.train
-    buckets = batch_lib.length_buckets(config.data.get("length_buckets", 1), train.seq_len)
+    train, data_settings = config.train, settings_lib.typed(settings_lib.TranslationDataSettings, config.data)
+    buckets = batch_lib.length_buckets(data_settings.length_buckets, train.seq_len)
     return batch_lib.MixedPairIterator(data.split_sets("train"), train.batch_size, train.seq_len, config.seed,
-                                       config.data.sampling_temperature, shard_index, shard_count, buckets,
-                                       pack=config.data.get("pack_pairs", False))
+                                       data_settings.sampling_temperature, shard_index, shard_count, buckets,
+                                       pack=data_settings.pack_pairs)
 
   def eval_batches(self, data, config, split: str, stride: int = 0):
     del stride  # sentences are scored whole
@@ -151,6 +151,7 @@ class TranslationTask:
     report = data_lib.write_length_report(experiment.data, experiment.workdir / "data", cfg.train.seq_len,
                                           cfg.eval.seq_len)
     weights = batch_lib.MixedPairIterator(experiment.data.split_sets("train"), cfg.train.batch_size,
-                                          cfg.train.seq_len, cfg.seed, cfg.data.sampling_temperature).weights
+                                          cfg.train.seq_len, cfg.seed,
+                                          experiment.settings.data.sampling_temperature).weights
     return {"bleu": bleu_report(cfg, experiment.data, params, split, mesh=experiment.mesh), "pair_weights": weights,
             "over_length": report}

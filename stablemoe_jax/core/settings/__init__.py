@@ -8,8 +8,8 @@ key or a value of the wrong type is an error. The readers of a section (the mode
 guard, ...) call it on what they are given, so they read typed fields whether handed the validated settings
 (:func:`from_config`) or a hand-built section.
 
-Sections still read from the ConfigDict: ``data`` (its keys, and what an absent one means, differ by task and
-corpus) and ``compare`` (a sweep's grid, read by ``compare/``).
+``data`` is typed by the run's task (``LMDataSettings`` or ``TranslationDataSettings``). ``compare`` (a sweep's
+grid, read by ``compare/``) is still read from the ConfigDict.
 """
 from __future__ import annotations
 
@@ -19,20 +19,22 @@ import typing
 from typing import Any
 
 from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.core.settings.data import LMDataSettings, TranslationDataSettings, data_settings_class
 from stablemoe_jax.core.settings.model import MoESettings, ModelSettings
 from stablemoe_jax.core.settings.routers import (BaseSettings, DeepSeekSettings, DistilledRouterSettings,
                                                  HashSettings, StableMoESettings, SwitchSettings, setting)
 from stablemoe_jax.core.settings.run import (AnalysisSettings, DecodeSettings, EvalSettings, HealthSettings,
                                              MeshSettings, TrainSettings)
 
-__all__ = ["AnalysisSettings", "BaseSettings", "DecodeSettings", "DeepSeekSettings", "DistilledRouterSettings", "EvalSettings",
-           "HashSettings", "HealthSettings", "MeshSettings", "MoESettings", "ModelSettings", "RunSettings",
-           "StableMoESettings", "SwitchSettings", "TrainSettings", "absent_value", "from_config", "typed"]
+__all__ = ["AnalysisSettings", "BaseSettings", "DecodeSettings", "DeepSeekSettings", "DistilledRouterSettings",
+           "EvalSettings", "HashSettings", "HealthSettings", "LMDataSettings", "MeshSettings", "MoESettings",
+           "ModelSettings", "RunSettings", "StableMoESettings", "SwitchSettings", "TrainSettings",
+           "TranslationDataSettings", "absent_value", "from_config", "typed"]
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-  """A whole validated config: the typed sections, and those still untyped as given (``data``, ``compare``: None
+  """A whole validated config: the typed sections (``data`` by the task), and ``compare`` still as given (None
   where the config has none)."""
 
   seed: int = setting(0, "the run's seed (parameters, dropout, routing shuffles, data order)")
@@ -44,16 +46,18 @@ class RunSettings:
   health: HealthSettings = dataclasses.field(default_factory=HealthSettings, metadata={"help": "router health"})
   analysis: AnalysisSettings = dataclasses.field(default_factory=AnalysisSettings,
                                                  metadata={"help": "routing analysis"})
-  data: Any = dataclasses.field(default=None, metadata={"help": "the corpus (untyped: its keys differ by task)"})
+  data: LMDataSettings | TranslationDataSettings = dataclasses.field(
+      default_factory=LMDataSettings, metadata={"help": "the corpus (its dataclass is the task's)"})
   decode: DecodeSettings = dataclasses.field(default_factory=DecodeSettings,
                                              metadata={"help": "translation decoding"})
   compare: Any = dataclasses.field(default=None, metadata={"help": "a sweep's grid (untyped)"})
 
 
-_UNTYPED = ("data", "compare")  # RunSettings fields kept as the config gives them
+_UNTYPED = ("compare",)  # RunSettings fields kept as the config gives them
 _SECTION_PATHS = {RunSettings: "", ModelSettings: "model", MoESettings: "model.moe", TrainSettings: "train",
                   EvalSettings: "eval", DecodeSettings: "decode", MeshSettings: "mesh", HealthSettings: "health",
-                  AnalysisSettings: "analysis", StableMoESettings: "model.moe.stablemoe",
+                  AnalysisSettings: "analysis", LMDataSettings: "data", TranslationDataSettings: "data",
+                  StableMoESettings: "model.moe.stablemoe",
                   SwitchSettings: "model.moe.switch", BaseSettings: "model.moe.base", HashSettings: "model.moe.hash",
                   DeepSeekSettings: "model.moe.deepseek", DistilledRouterSettings: "model.moe.distilled_router"}
 _SCALARS = {bool: "a bool", int: "an integer", float: "a number", str: "a string"}
@@ -82,6 +86,22 @@ def _type_ok(kind, value) -> bool:
   return isinstance(value, kind)
 
 
+def _section_class(cls, key: str, given: dict):
+  """The dataclass of nested section ``key`` of ``cls`` (``data``'s is the task's), or None for a scalar field."""
+  if cls is RunSettings and key == "data":
+    return data_settings_class(given.get("task", absent_value(RunSettings, "task")))
+  kind = _hints(cls)[key]
+  return kind if dataclasses.is_dataclass(kind) else None
+
+
+def _wrong_type(cls, prefix: str, key: str, value) -> str:
+  field = next(f for f in dataclasses.fields(cls) if f.name == key)
+  absent = absent_value(cls, key)
+  meaning = "" if absent == field.default else f"; a config without the key means {absent!r}"
+  return (f"{prefix}{key}={value!r} must be {_SCALARS[_hints(cls)[key]]} (the default {field.default!r}{meaning}); "
+          f"set --config.{prefix}{key} to one.")
+
+
 def typed(cls, section, path: str | None = None):
   """``section`` as dataclass ``cls`` (returned as is if it is one already; None: every key absent).
 
@@ -99,21 +119,20 @@ def typed(cls, section, path: str | None = None):
       keys = ", ".join(sorted(fields))
       raise ConfigError(f"{prefix}{key} is unknown; the {path or 'top-level'} keys are {keys} (configs/default.py); "
                         f"drop it or correct its name.")
-    kind = hints[key]
+    kind, nested = hints[key], _section_class(cls, key, given)
     if key in _UNTYPED and cls is RunSettings:
       values[key] = value
-    elif dataclasses.is_dataclass(kind):
-      values[key] = typed(kind, value, f"{prefix}{key}")
+    elif nested is not None:
+      values[key] = typed(nested, value, f"{prefix}{key}")
     elif kind in _SCALARS and not _type_ok(kind, value):
-      raise ConfigError(f"{prefix}{key}={value!r} must be {_SCALARS[kind]} (configs/default.py: "
-                        f"{absent_value(cls, key)!r}); set --config.{prefix}{key} to one.")
+      raise ConfigError(_wrong_type(cls, prefix, key, value))
     else:
       values[key] = value
   for key in fields:
     if key in values or (key in _UNTYPED and cls is RunSettings):
       continue
-    nested = dataclasses.is_dataclass(hints[key])
-    values[key] = typed(hints[key], None, f"{prefix}{key}") if nested else absent_value(cls, key)
+    nested = _section_class(cls, key, given)
+    values[key] = typed(nested, None, f"{prefix}{key}") if nested is not None else absent_value(cls, key)
   return cls(**values)
 
 

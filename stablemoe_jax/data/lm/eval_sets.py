@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.core.settings import LMDataSettings, typed
 
 SPLITS = ("valid", "test")  # the held-out splits every set has
 _NAME = re.compile(r"[A-Za-z0-9_]+")
@@ -30,12 +31,11 @@ def parse(data_config: Any) -> dict[str, str]:
     ConfigError: an entry without ``NAME=GLOB``, a name that is not letters / digits / '_', a name given twice, a
       glob without ``{split}``, or sets on a corpus other than ``files`` (one line each, naming the fix).
   """
-  get = data_config.get if hasattr(data_config, "get") else lambda k, d=None: getattr(data_config, k, d)
-  value = str(get("eval_sets", "") or "")
-  entries = [e.strip() for e in value.split(",") if e.strip()]
+  data = typed(LMDataSettings, data_config)
+  entries = [e.strip() for e in data.eval_sets.split(",") if e.strip()]
   if not entries:
     return {}
-  corpus = get("corpus", "ptb")
+  corpus = data.corpus
   if corpus != "files":
     raise ConfigError(f"data.eval_sets is read from shards that `python -m stablemoe_jax.data.prepare` writes: it "
                       f"needs data.corpus='files' (configs/lm_files.py), not {corpus!r}; or set data.eval_sets=''.")

@@ -37,6 +37,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+from stablemoe_jax.core.settings import LMDataSettings, typed
 from stablemoe_jax.data.common import locate
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.common import tokenizers
@@ -46,10 +47,6 @@ from stablemoe_jax.data.lm import prepared
 from stablemoe_jax.data.lm.batches import (  # noqa: F401  (re-exported)
     DEFAULT_READ_OPTIONS, Batch, LMData, eval_batches, train_dataset, train_iterator)
 from stablemoe_jax.data.lm.stream import FieldSource
-
-
-def _get(config: Any, name: str, default: Any) -> Any:
-  return config.get(name, default) if hasattr(config, 'get') else getattr(config, name, default)
 
 
 def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
@@ -83,8 +80,8 @@ def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
   prepared_dir = pathlib.Path(prepared_dir)
   if prepared.is_sharded(prepared_dir):  # Written by `python -m stablemoe_jax.data.prepare`: use them.
     return grain_reader.load(prepared_dir, data_config)
-  corpus = _get(data_config, 'corpus', 'ptb')
-  kind = _get(data_config, 'tokenizer', 'word')
+  data = typed(LMDataSettings, data_config)
+  corpus, kind = data.corpus, data.tokenizer
   if corpus == 'files':
     raise locate.DataNotFoundError(
         f'data.corpus=files is prepared by `python -m stablemoe_jax.data.prepare --config CONFIG --workdir DIR` '
@@ -95,26 +92,24 @@ def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
     raise ValueError(
         f'Unknown data.tokenizer {kind!r}; allowed: {", ".join(tokenizers.TOKENIZER_KINDS)}.'
     )
-  settings = {'corpus': corpus, 'tokenizer': kind,
-              'sentencepiece_vocab_size': _get(data_config, 'sentencepiece_vocab_size', None)}
   try:
-    data_dir = locate.resolve_data_dir(_get(data_config, 'data_dir', ''), corpus)
+    data_dir = locate.resolve_data_dir(data.data_dir, corpus)
   except locate.DataNotFoundError:
     if not prepared.has_manifest(prepared_dir):
       raise
-    tokenizer, sources, records_dir = prepared.load(prepared_dir, settings)
+    tokenizer, sources, records_dir = prepared.load(prepared_dir, data)
     return LMData(tokenizer=tokenizer, vocab_size=tokenizer.vocab_size, sources=sources,
                   stream_cache_dir=records_dir)
   files = locate.corpus_files(data_dir, corpus)
   for split, path in files.items():
     text.check_corpus_file(path, split)
   tokenizer = tokenizers.build_tokenizer(
-      kind, files['train'], prepared_dir / 'tokenizer', vocab_size=settings['sentencepiece_vocab_size'])
+      kind, files['train'], prepared_dir / 'tokenizer', vocab_size=data.sentencepiece_vocab_size)
   builder = builder_lib.LmCorpus(
       split_files=files, tokenizer=tokenizer, corpus=corpus, data_dir=prepared_dir / 'tfds'
   )
   builder.prepare()
-  prepared.write_manifest(prepared_dir, settings, tokenizer, pathlib.Path(str(builder.data_dir)), list(files))
+  prepared.write_manifest(prepared_dir, data, tokenizer, pathlib.Path(str(builder.data_dir)), list(files))
   sources = {
       split: FieldSource(builder.as_data_source(split=split), 'tokens') for split in files
   }

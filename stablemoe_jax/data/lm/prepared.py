@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Mapping
 from typing import Any
 
 import tensorflow_datasets as tfds
 
+from stablemoe_jax.core.settings import LMDataSettings, typed
 from stablemoe_jax.data.common import locate
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.common import tokenizers
@@ -35,40 +35,33 @@ class PreparedDataMismatchError(locate.DataError):
   """The prepared data in a workdir was built for another data config (or is incomplete)."""
 
 
-def wanted(data_config: Mapping[str, Any]) -> dict[str, Any]:
-  """The part of the manifest that the config's data section determines."""
-  out = {'corpus': data_config['corpus'], 'tokenizer': data_config['tokenizer']}
+def wanted(data_config: Any) -> dict[str, Any]:
+  """The part of the manifest that the config's data section (a section or its ``LMDataSettings``) determines."""
+  data = typed(LMDataSettings, data_config)
+  out = {'corpus': data.corpus, 'tokenizer': data.tokenizer}
   if out['tokenizer'] == 'sentencepiece':
-    out['sentencepiece_vocab_size'] = int(data_config['sentencepiece_vocab_size'])
+    out['sentencepiece_vocab_size'] = int(data.sentencepiece_vocab_size)
   return out
-
-
-def config_value(data_config: Any, key: str, default: Any = None) -> Any:
-  return data_config.get(key, default) if hasattr(data_config, 'get') else getattr(data_config, key, default)
 
 
 def split_inputs(data_config: Any) -> dict[str, list[pathlib.Path]]:
   """{split: input files} of the config's data section: train, valid, test, then each of ``data.eval_sets``' sets'
   valid and test files (``valid@NAME``, ``test@NAME``; ``eval_sets.py``)."""
-  corpus = config_value(data_config, 'corpus', 'ptb')
-  if corpus == 'files':
-    files = {split: shards.expand_inputs(config_value(data_config, f'{split}_files', ''), f'data.{split}_files')
+  data = typed(LMDataSettings, data_config)
+  if data.corpus == 'files':
+    files = {split: shards.expand_inputs(getattr(data, f'{split}_files'), f'data.{split}_files')
              for split in locate.SPLITS}
-    for split, pattern in eval_sets.set_globs(data_config).items():
+    for split, pattern in eval_sets.set_globs(data).items():
       files[split] = shards.expand_inputs(pattern, f'data.eval_sets ({split})')
     return files
-  data_dir = locate.resolve_data_dir(config_value(data_config, 'data_dir', ''), corpus)
-  return {split: [path] for split, path in locate.corpus_files(data_dir, corpus).items()}
+  data_dir = locate.resolve_data_dir(data.data_dir, data.corpus)
+  return {split: [path] for split, path in locate.corpus_files(data_dir, data.corpus).items()}
 
 
-def settings(data_config: Any) -> dict[str, Any]:
-  """The manifest keys the config's data section determines (compared by `main` when it reads the shards)."""
-  return wanted({'corpus': config_value(data_config, 'corpus', 'ptb'),
-                          'tokenizer': config_value(data_config, 'tokenizer', 'word'),
-                          'sentencepiece_vocab_size': config_value(data_config, 'sentencepiece_vocab_size')})
+settings = wanted  # the manifest keys `main` compares when it reads the shards
 
 
-def write_manifest(prepared_dir: pathlib.Path, data_config: Mapping[str, Any], tokenizer: tokenizers.Tokenizer,
+def write_manifest(prepared_dir: pathlib.Path, data_config: Any, tokenizer: tokenizers.Tokenizer,
                    records_dir: pathlib.Path, splits: list[str]) -> None:
   """Records what `prepared_dir` holds (atomically: a manifest names complete data only)."""
   manifest = dict(wanted(data_config), vocab_size=tokenizer.vocab_size,
@@ -89,7 +82,7 @@ def is_sharded(prepared_dir: pathlib.Path) -> bool:
   return path.is_file() and json.loads(path.read_text()).get('format') == SHARDS_FORMAT
 
 
-def load(prepared_dir: pathlib.Path, data_config: Mapping[str, Any]
+def load(prepared_dir: pathlib.Path, data_config: Any
          ) -> tuple[tokenizers.Tokenizer, dict[str, RecordSource], pathlib.Path]:
   """The tokenizer, {split: record source} and the records' folder saved in `prepared_dir` for `data_config`.
 

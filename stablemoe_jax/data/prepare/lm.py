@@ -41,6 +41,7 @@ from typing import Any
 import sentencepiece as spm
 import tqdm
 
+from stablemoe_jax.core.settings import LMDataSettings, typed
 from stablemoe_jax.data.common import locate
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.common import text
@@ -48,7 +49,7 @@ from stablemoe_jax.data.common import tokenizers
 from stablemoe_jax.data.lm import prepared
 from stablemoe_jax.data.prepare import beam_pipeline
 from stablemoe_jax.data.prepare import shard_writer
-from stablemoe_jax.data.lm.prepared import config_value as _get, settings, split_inputs  # noqa: F401  (re-exported)
+from stablemoe_jax.data.lm.prepared import settings, split_inputs  # noqa: F401  (re-exported)
 
 FORMAT_VERSION = 1
 
@@ -230,8 +231,9 @@ def prepare(data_config: Any, prepared_dir: pathlib.Path, options: Options = Opt
   prepared_dir = pathlib.Path(prepared_dir)
   out_dir = prepared_dir / 'shards'
   tokenizer_files = files['train']
-  if _get(data_config, 'tokenizer_files', ''):  # A subset of the train files, so the driver reads less.
-    tokenizer_files = shards.expand_inputs(_get(data_config, 'tokenizer_files'), 'data.tokenizer_files')
+  subset = typed(LMDataSettings, data_config).tokenizer_files
+  if subset:  # A subset of the train files, so the driver reads less.
+    tokenizer_files = shards.expand_inputs(subset, 'data.tokenizer_files')
   try:
     tokenizer = prepare_tokenizer(config, tokenizer_files, prepared_dir / 'tokenizer', options.sentencepiece_sample_lines,
                                   options.progress)

@@ -26,6 +26,7 @@ import json
 import pathlib
 from typing import Any
 
+from stablemoe_jax.core.settings import TranslationDataSettings, typed
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.common.locate import DataNotFoundError, ENV_VAR
@@ -51,7 +52,7 @@ def _write_if_changed(path: pathlib.Path, lines: tuple[str, ...]) -> None:
 def file_pairs(data_config: Any, directory: pathlib.Path) -> FilePairs:
   """{(pair, set name): [(source file, target file)]} of the config's pairs: Multi30k and the Bible, the user's
   own files (``data.corpus = "files"``, ``parallel_files``) or the prepared TFDS WMT builders (``"wmt"``)."""
-  corpus = data_config.get('corpus', 'multi30k_bible')
+  corpus = typed(TranslationDataSettings, data_config).corpus
   if corpus == 'files':
     return parallel_files.file_pairs(data_config)
   if corpus == 'wmt':

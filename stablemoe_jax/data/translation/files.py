@@ -23,6 +23,7 @@ import pathlib
 import re
 from typing import Any
 
+from stablemoe_jax.core.settings import TranslationDataSettings, typed
 from stablemoe_jax.data.common import shards
 
 SPLITS = {"train": "train_files", "valid": "valid_files", "test": "test_files"}  # set name -> config key
@@ -53,9 +54,10 @@ def parse_pairs(pairs: str) -> tuple[str, ...]:
 
 def check_config(data_config: Any) -> None:
   """The checks that need no file system; raises ValueError (one line naming the key and the fix)."""
-  parse_pairs(data_config.get("pairs", ""))
+  data = typed(TranslationDataSettings, data_config)
+  parse_pairs(data.pairs)
   for key in SPLITS.values():
-    template = str(data_config.get(key, "") or "")
+    template = getattr(data, key)
     if not template.strip():
       raise ValueError(f"data.{key} is empty; set it to comma-separated globs with {{lang}}, e.g. "
                        f"--config.data.{key}='/data/{{pair}}/{key.split('_')[0]}.{{lang}}'.")
@@ -70,10 +72,11 @@ def check_config(data_config: Any) -> None:
 
 def settings(data_config: Any) -> dict:
   """What the prepared data depends on (the manifest's and the tokenizer's ``settings``)."""
-  check_config(data_config)
-  return {"corpus": "files", "pairs": list(parse_pairs(data_config.pairs)),
-          **{key: str(data_config.get(key)) for key in SPLITS.values()},
-          "sentencepiece_vocab_size": int(data_config.sentencepiece_vocab_size)}
+  data = typed(TranslationDataSettings, data_config)
+  check_config(data)
+  return {"corpus": "files", "pairs": list(parse_pairs(data.pairs)),
+          **{key: str(getattr(data, key)) for key in SPLITS.values()},
+          "sentencepiece_vocab_size": int(data.sentencepiece_vocab_size)}
 
 
 def _side(template: str, key: str, pair: str, lang: str) -> list[pathlib.Path]:
@@ -92,12 +95,13 @@ def file_pairs(data_config: Any) -> FilePairs:
     ValueError: see ``check_config``.
     EmptyInputError: a glob matches no file, or a split's two sides have different numbers of files.
   """
-  check_config(data_config)
+  data = typed(TranslationDataSettings, data_config)
+  check_config(data)
   out: FilePairs = {}
-  for pair in parse_pairs(data_config.pairs):
+  for pair in parse_pairs(data.pairs):
     source_language, target_language = pair.split("-")
     for name, key in SPLITS.items():
-      template = str(data_config.get(key))
+      template = getattr(data, key)
       sources = _side(template, key, pair, source_language)
       targets = _side(template, key, pair, target_language)
       if len(sources) != len(targets):

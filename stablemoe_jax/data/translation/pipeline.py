@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from stablemoe_jax.core.settings import TranslationDataSettings, typed
 from stablemoe_jax.data.common.locate import ENV_VAR, DataError, DataNotFoundError
 from stablemoe_jax.data.translation import corpora as parallel
 from stablemoe_jax.data.translation.batches import EncodedSet, _flatten, encode_set
@@ -83,21 +84,21 @@ class TranslationData:
 
 
 def settings(data_config: Any) -> dict:
-  corpus = data_config.get("corpus", "multi30k_bible")
-  if corpus == "files":  # a user's own parallel files
+  data = typed(TranslationDataSettings, data_config)
+  if data.corpus == "files":  # a user's own parallel files
     from stablemoe_jax.data.translation import files as parallel_files
-    return parallel_files.settings(data_config)
-  if corpus == "wmt":  # the paper's WMT pairs, from prepared TFDS builders
+    return parallel_files.settings(data)
+  if data.corpus == "wmt":  # the paper's WMT pairs, from prepared TFDS builders
     from stablemoe_jax.data.translation import wmt
-    return wmt.settings(data_config)
-  return {"pairs": list(parallel.parse_pairs(data_config.pairs)),
-          "bible_valid_books": list(parallel.parse_books(data_config.bible_valid_books)),
-          "bible_test_books": list(parallel.parse_books(data_config.bible_test_books)),
-          "sentencepiece_vocab_size": int(data_config.sentencepiece_vocab_size)}
+    return wmt.settings(data)
+  return {"pairs": list(parallel.parse_pairs(data.pairs)),
+          "bible_valid_books": list(parallel.parse_books(data.bible_valid_books)),
+          "bible_test_books": list(parallel.parse_books(data.bible_test_books)),
+          "sentencepiece_vocab_size": int(data.sentencepiece_vocab_size)}
 
 
 def data_dir(data_config: Any) -> pathlib.Path | None:
-  configured = data_config.get("data_dir", "") or os.environ.get(ENV_VAR, "")
+  configured = typed(TranslationDataSettings, data_config).data_dir or os.environ.get(ENV_VAR, "")
   return pathlib.Path(configured).expanduser() if configured else None
 
 

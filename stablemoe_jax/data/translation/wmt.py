@@ -22,6 +22,7 @@ import json
 import pathlib
 from typing import Any, Iterator
 
+from stablemoe_jax.core.settings import TranslationDataSettings, typed
 from stablemoe_jax.data.common.locate import DataError, DataNotFoundError
 from stablemoe_jax.data.translation.files import FilePairs
 
@@ -64,8 +65,8 @@ def prepared_path(tfds_data_dir: pathlib.Path, pair: str) -> pathlib.Path:
 
 def missing_pairs(data_config: Any) -> list[str]:
   """The configured pairs whose TFDS data is not prepared under ``data.tfds_data_dir``."""
-  root = data_config.get("tfds_data_dir", "")
-  pairs = parse_wmt_pairs(data_config.pairs)
+  data = typed(TranslationDataSettings, data_config)
+  root, pairs = data.tfds_data_dir, parse_wmt_pairs(data.pairs)
   if not root:
     return pairs
   return [p for p in pairs if not (prepared_path(root, p) / "dataset_info.json").is_file()]
@@ -75,7 +76,7 @@ def require_prepared(data_config: Any) -> None:
   """Raises DataNotFoundError (one line: what to prepare where the network is) unless every pair is prepared."""
   missing = missing_pairs(data_config)
   if missing:
-    root = data_config.get("tfds_data_dir", "") or "<unset: --config.data.tfds_data_dir>"
+    root = typed(TranslationDataSettings, data_config).tfds_data_dir or "<unset: --config.data.tfds_data_dir>"
     raise DataNotFoundError(
         f"WMT data not prepared under data.tfds_data_dir={root}: on a machine with network run "
         f"`python -m stablemoe_jax.data.wmt --tfds_data_dir=DIR --pairs={','.join(missing)}` (TFDS builders "
@@ -144,12 +145,13 @@ def file_pairs(data_config: Any, directory: pathlib.Path) -> FilePairs:
     DataNotFoundError: a pair's TFDS data is not under ``data.tfds_data_dir`` (``require_prepared``).
     DataError: a pair was prepared in a format other than array_record.
   """
-  require_prepared(data_config)
+  data = typed(TranslationDataSettings, data_config)
+  require_prepared(data)
   raw = pathlib.Path(directory) / "raw"
   raw.mkdir(parents=True, exist_ok=True)
   out = {}
-  for pair in parse_wmt_pairs(data_config.pairs):
-    builder = _open(pathlib.Path(data_config.tfds_data_dir), pair)
+  for pair in parse_wmt_pairs(data.pairs):
+    builder = _open(pathlib.Path(data.tfds_data_dir), pair)
     if "train" not in builder.info.splits:
       raise DataError(f"{builder.data_dir} has no train split "
                       f"(splits: {', '.join(builder.info.splits)}); prepare {builder_name(pair)} again.")
@@ -164,5 +166,6 @@ def file_pairs(data_config: Any, directory: pathlib.Path) -> FilePairs:
 def settings(data_config: Any) -> dict:
   """What the prepared data depends on (the manifest's and the tokenizer's ``settings``); where the TFDS data
   lies is not part of it (the exported files' identity is, through the shards' fingerprint)."""
-  return {"corpus": "wmt", "pairs": parse_wmt_pairs(data_config.pairs),
-          "sentencepiece_vocab_size": int(data_config.sentencepiece_vocab_size)}
+  data = typed(TranslationDataSettings, data_config)
+  return {"corpus": "wmt", "pairs": parse_wmt_pairs(data.pairs),
+          "sentencepiece_vocab_size": int(data.sentencepiece_vocab_size)}

@@ -1,0 +1,61 @@
+"""The ``data`` section, one frozen dataclass per task: a language model's corpus (``LMDataSettings``) and a
+translation model's pairs (``TranslationDataSettings``). Defaults are configs/default.py's and configs/mt_cpu.py's;
+the checks stay with their readers (``data/lm/``, ``data/translation/``, ``tasks/translation.py``)."""
+from __future__ import annotations
+
+import dataclasses
+
+from stablemoe_jax.core.settings.routers import setting
+
+_DATA_DIR = setting("", "the folder holding the raw corpus; '': $STABLEMOE_DATA_DIR")
+_VOCAB = setting(8000, "sentencepiece pieces (translation: one joint model over sources and targets)")
+
+
+def _globs(split: str):
+  return setting("", f"corpus=files: comma-separated globs of the {split} text (translation: with {{lang}}, and "
+                     f"{{pair}} where the pairs differ)")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMDataSettings:
+  """``data`` of ``task=lm``: the corpus and its tokenizer (docs/data.md)."""
+
+  corpus: str = setting("ptb", "ptb | text (a user's train/valid/test.txt in data_dir) | files (globs, read from "
+                               "the shards `data.prepare` writes)")
+  data_dir: str = _DATA_DIR
+  tokenizer: str = setting("word", "word | sentencepiece")
+  sentencepiece_vocab_size: int = _VOCAB
+  train_files: str = _globs("train")
+  valid_files: str = _globs("validation")
+  test_files: str = _globs("test")
+  tokenizer_files: str = setting("", "corpus=files: globs of the train files the tokenizer is built from; '': all")
+  eval_sets: str = setting("", "corpus=files: 'NAME=GLOB with {split},...': more held-out sets, scored as "
+                               "valid@NAME / test@NAME")
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslationDataSettings:
+  """``data`` of ``task=translation``: the pairs, their tokenizer and how training batches are drawn
+  (docs/translation.md)."""
+
+  corpus: str = setting("multi30k_bible", "multi30k_bible (the shared Multi30k + Bible) | wmt (TFDS builders) | "
+                                          "files (a user's parallel files)")
+  data_dir: str = _DATA_DIR
+  pairs: str = setting("de-en,fr-en,cs-en,es-en", "comma-separated SOURCE-TARGET pairs, one target language")
+  bible_valid_books: str = setting("Ruth,Jonah,Phil", "multi30k_bible: the Bible books held out for validation")
+  bible_test_books: str = setting("Esth,Jas,1John", "multi30k_bible: the Bible books held out for test")
+  sentencepiece_vocab_size: int = _VOCAB
+  sampling_temperature: float = setting(1.0, "pair weight ~ n_pair^(1/T); 1: proportional to its training pairs")
+  length_buckets: int = setting(3, "training batch lengths (..., L/4, L/2, L): this many; 1: every batch "
+                                   "[B, seq_len]", absent=1)
+  pack_pairs: bool = setting(False, "pack pairs into the batch's rows, each attending within its own pair; needs "
+                                    "length_buckets=1")
+  train_files: str = _globs("train")
+  valid_files: str = _globs("validation")
+  test_files: str = _globs("test")
+  tfds_data_dir: str = setting("", "corpus=wmt: where the TFDS WMT builders were prepared")
+
+
+def data_settings_class(task: str) -> type:
+  """The ``data`` dataclass of task ``task`` (an unknown task reads as a language model; its own check names it)."""
+  return TranslationDataSettings if task == "translation" else LMDataSettings

@@ -15,6 +15,8 @@ from ml_collections import config_flags
 
 from stablemoe_jax import cli
 from stablemoe_jax.compare import report, runner, sweep, sweep_report
+from stablemoe_jax.core.settings import typed
+from stablemoe_jax.core.settings.compare import CompareSettings
 from stablemoe_jax.experiment.config_validation import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config with a compare section, e.g. "
@@ -32,7 +34,7 @@ def main(argv: list[str]) -> None:
     raise ConfigError(f"the config has no compare section (compare.methods, compare.seeds); "
                       f"use --config configs/compare_cpu.py or add one.")
   report.pairs_of(config)  # a bad compare.pairs stops here, before any training
-  train = not config.compare.get("report_only", False)
+  train = not typed(CompareSettings, config.compare, "compare").report_only
   if sweep.parse_grid(config) is not None:  # each method at its best: a grid, the choice, seeds at the choice
     result = sweep.run_sweep(config, _WORKDIR.value, train=train)
     rows = sweep_report.write_sweep_reports(config, result, _WORKDIR.value)

@@ -12,6 +12,8 @@ from typing import Any
 
 import ml_collections
 
+from stablemoe_jax.core.settings import typed
+from stablemoe_jax.core.settings.compare import CompareSettings
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 
 
@@ -117,16 +119,17 @@ def apply_overrides(config: ml_collections.ConfigDict, method: Method) -> ml_col
 
 def method_configs(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
   """{name: config} for every method in ``config.compare.methods``, all validated before any training."""
+  compare = typed(CompareSettings, config.compare, "compare")
   configs = {}
-  for name in parse_method_names(config.compare.methods):
+  for name in parse_method_names(compare.methods):
     method_config = apply_overrides(config, METHODS[name])
     try:
       validate_config(method_config)
     except ConfigError as error:
       raise ConfigError(f"method {name!r} ({_describe(METHODS[name])}): {error}") from error
     configs[name] = method_config
-  if config.compare.seeds < 1:
-    raise ConfigError(f"compare.seeds={config.compare.seeds} must be >= 1.")
+  if compare.seeds < 1:
+    raise ConfigError(f"compare.seeds={compare.seeds} must be >= 1.")
   return configs
 
 

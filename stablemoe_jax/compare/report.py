@@ -11,6 +11,8 @@ import numpy as np
 
 from stablemoe_jax.compare import paired
 from stablemoe_jax.compare.figures import device_counts, write_convergence_plot, write_fluctuation_plot
+from stablemoe_jax.core.settings import typed
+from stablemoe_jax.core.settings.compare import CompareSettings
 from stablemoe_jax.train import health as health_lib
 
 
@@ -268,7 +270,7 @@ def markdown_table(rows: list[dict], columns=None) -> str:
 
 def budget_note(config, rows: list[dict]) -> str:
   train = config.train
-  seeds = config.compare.seeds
+  seeds = typed(CompareSettings, config.compare, "compare").seeds
   eval_mode = rows[0]["eval"] or {}
   if eval_mode.get("mode") == "teacher_forced_sentences":
     return (f"Every method: {train.steps} steps of {train.batch_size} sentence pairs of up to {train.seq_len} tokens "
@@ -324,8 +326,9 @@ def paired_section(records: list[dict], labels: dict[str, str], pairs: dict[str,
 
 def pairs_of(config) -> dict[str, str] | None:
   """``compare.pairs`` as {ablation: baseline} (None: pair every method with dense); a bad value is a ConfigError."""
-  methods = [m.strip() for m in str(config.compare.get("methods", "")).split(",") if m.strip()]
-  return paired.parse_pairs(config.compare.get("pairs", ""), methods) or None
+  compare = typed(CompareSettings, config.compare, "compare")
+  methods = [m.strip() for m in compare.methods.split(",") if m.strip()]
+  return paired.parse_pairs(compare.pairs, methods) or None
 
 
 def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[dict]:

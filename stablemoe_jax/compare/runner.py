@@ -13,6 +13,8 @@ import ml_collections
 
 from stablemoe_jax.analysis import fluctuation, records as records_lib
 from stablemoe_jax.compare.methods import METHODS, method_configs
+from stablemoe_jax.core.settings import typed
+from stablemoe_jax.core.settings.compare import CompareSettings
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.models import flops as flops_lib
 from stablemoe_jax.models import routers
@@ -80,7 +82,7 @@ RESULT_FILES = ("summary.json", "metrics.jsonl", "fluctuation.json")
 def results_dir(config: ml_collections.ConfigDict) -> pathlib.Path | None:
   """``compare.results_dir`` as a path (None if unset): finished runs' small files are copied there, and a run
   whose summary.json is there is not redone (commit that folder to carry a sweep across machines)."""
-  path = config.compare.get("results_dir", "")
+  path = typed(CompareSettings, config.compare, "compare").results_dir
   return pathlib.Path(path) if path else None
 
 
@@ -211,7 +213,7 @@ def run_all(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=
   """
   workdir = pathlib.Path(workdir)
   configs = method_configs(config)
-  seeds = config.compare.seeds
+  seeds = typed(CompareSettings, config.compare, "compare").seeds
   total = len(configs) * seeds
   exported_root = results_dir(config)
   records = []

@@ -31,6 +31,8 @@ import ml_collections
 
 from stablemoe_jax.compare import runner
 from stablemoe_jax.compare.methods import method_configs
+from stablemoe_jax.core.settings import typed
+from stablemoe_jax.core.settings.compare import CompareSettings
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.train import health as health_lib
 
@@ -127,27 +129,26 @@ def _per_method(text, shared: list[Setting], methods: list[str]) -> list[tuple[s
 
 def parse_grid(config: ml_collections.ConfigDict) -> Grid | None:
   """The grid of ``compare.grid`` (None when nothing is set: the plain comparison)."""
-  section = config.compare.get("grid")
-  if section is None:
-    return None
-  rates = _values(section.get("learning_rate", ""), float, "learning_rate")
-  warmups = _values(section.get("warmup_steps", ""), int, "warmup_steps")
-  extra = _extra_settings(section.get("extra", ""))
-  if not rates and not warmups and not extra and not str(section.get("per_method", "") or "").strip():
+  compare = typed(CompareSettings, config.compare, "compare")
+  section = compare.grid
+  rates = _values(section.learning_rate, float, "learning_rate")
+  warmups = _values(section.warmup_steps, int, "warmup_steps")
+  extra = _extra_settings(section.extra)
+  if not rates and not warmups and not extra and not section.per_method.strip():
     return None
   if rates or warmups:  # one list alone varies around the config's own value of the other
     rates = rates or [float(config.train.learning_rate)]
     warmups = warmups or [int(config.train.warmup_steps)]
-  steps = int(section.get("steps", 0) or config.train.steps)
+  steps = int(section.steps or config.train.steps)
   if not 0 < steps <= config.train.steps:
-    raise ConfigError(f"compare.grid.steps={section.get('steps')} must lie in [0, train.steps={config.train.steps}] "
+    raise ConfigError(f"compare.grid.steps={section.steps} must lie in [0, train.steps={config.train.steps}] "
                       f"(0: the full budget).")
   settings = [Setting(r, w) for r in rates for w in warmups] + extra
   if len(set(settings)) != len(settings):
-    raise ConfigError(f"compare.grid.extra={section.get('extra')!r} names a setting twice or one the cross product "
+    raise ConfigError(f"compare.grid.extra={section.extra!r} names a setting twice or one the cross product "
                       f"of learning_rate and warmup_steps already has.")
-  methods = [m.strip() for m in str(config.compare.get("methods", "")).split(",") if m.strip()]
-  per_method = _per_method(section.get("per_method", ""), settings, methods)
+  methods = [m.strip() for m in compare.methods.split(",") if m.strip()]
+  per_method = _per_method(section.per_method, settings, methods)
   if not settings:
     missing = [m for m in methods if m not in dict(per_method)]
     if missing:
@@ -220,7 +221,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
   if grid is None:
     raise ConfigError("the sweep needs compare.grid.learning_rate and/or compare.grid.warmup_steps.")
   configs = method_configs(config)
-  seeds = config.compare.seeds
+  seeds = typed(CompareSettings, config.compare, "compare").seeds
   full = config.train.steps
   plans = {}
   for name, method_config in configs.items():  # every run's config checked before the first run starts

@@ -10,6 +10,8 @@ from typing import Callable
 from stablemoe_jax.compare.figures import write_convergence_plot, write_fluctuation_plot, write_token_plot
 from stablemoe_jax.compare.report import (COLUMNS, budget_note, devices_note, health_note, markdown_table, method_rows,
                                           paired_section, pairs_of)
+from stablemoe_jax.core.settings import typed
+from stablemoe_jax.core.settings.compare import CompareSettings
 
 
 def _grid_cell(cell: dict, rejected: dict[str, list]) -> str:
@@ -89,13 +91,14 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
        "settings": result["settings"], "grid": result["grid"], "choices": result["choices"], "methods": rows,
        "runs": result["records"]}, indent=2))
   train = config.train
+  seeds = typed(CompareSettings, config.compare, "compare").seeds
   selection = result["selection_steps"]
   text = ["# Tuned comparison\n",
           f"Each method's learning rate and warmup chosen on validation perplexity from the grid below (one run "
           f"each, seed {config.seed}, {selection} steps"
           f"{'' if selection == train.steps else ' (a shorter selection budget)'}); a setting whose MoE layer the health verdict finds dead (DEAD: removing it costs < 1% of valid "
-          f"PPL, or two experts take > 90% of the tokens) is not eligible. Then {config.compare.seeds} new seed(s) at "
-          f"the choice (seeds {config.seed + 1}-{config.seed + config.compare.seeds}): the reported runs; the "
+          f"PPL, or two experts take > 90% of the tokens) is not eligible. Then {seeds} new seed(s) at "
+          f"the choice (seeds {config.seed + 1}-{config.seed + seeds}): the reported runs; the "
           f"selecting seed is never reported. A choice whose layer dies in a reported seed is rejected and the next "
           f"live setting chosen.\n", "## The grid (seed-0 valid PPL, and the valid PPL increase without the MoE "
           "layer)\n", grid_table(result, labels), rejected_note(result, labels)]

@@ -14,6 +14,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from stablemoe_jax import cli
+from stablemoe_jax.core.constants import task_name
 from stablemoe_jax.data.prepare import lm as lm_prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
 from stablemoe_jax.data.prepare.lm import Options
@@ -25,7 +26,7 @@ def main(argv: list[str]) -> None:
   f = flags.FLAGS
   options = Options(f.shard_mb, f.shard_pairs, f.chunk_tokens, f.sentencepiece_sample_lines, f.batch_lines,
                     f.workers, f.skip_bad_files, f.beam_args)
-  if f.config.get('task', 'lm') == 'translation':
+  if task_name(f.config) == 'translation':
     validate_config(f.config)  # Before any work: the config main will be run with (pairs, files' globs, ...).
     report = prepare_translation.prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)
   else:

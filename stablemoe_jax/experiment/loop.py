@@ -54,11 +54,12 @@ class Experiment:
     self.workdir.mkdir(parents=True, exist_ok=True)
     self.mesh = mesh_lib.make_mesh(config.mesh)
     self.task = tasks_lib.make_task(config)
+    data_settings = settings_lib.from_config(config).data
     if jax.process_index() == 0:  # prepares tokenizer and records once; the others then read them
-      self.data = self.task.load_data(config.data, self.workdir / "data")
+      self.data = self.task.load_data(data_settings, self.workdir / "data")
     mesh_lib.barrier("data prepared")
     if jax.process_index() != 0:
-      self.data = self.task.load_data(config.data, self.workdir / "data")
+      self.data = self.task.load_data(data_settings, self.workdir / "data")
     validate_config(config, data_vocab_size=self.data.vocab_size)
     self.config = config = ml_collections.ConfigDict(config.to_dict())
     if not config.model.vocab_size:

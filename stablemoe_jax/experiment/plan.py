@@ -100,7 +100,7 @@ def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
     moe = model.moe
     layers = num_moe_layers(config)
     sublayers = max(1, moe.sublayers_per_expert // layers)
-    top_k, shared = routers.top_k(moe), moe.get("shared_experts", 0)
+    top_k, shared = routers.top_k(moe), settings_lib.typed(settings_lib.MoESettings, moe).shared_experts
     slots = max(moe.capacity_factor, 1.0) * top_k
     expert_values = sublayers * (4 * model.d_model + 2 * (moe.d_ff or model.d_ff))
     per_token += layers * slots * (expert_values + 2 * model.d_model) * itemsize

@@ -78,7 +78,7 @@ def _dense_plan(config_json: str) -> tuple[int, int]:
   extra = (moe_total - count_params(cfg)) / len(moe_positions(cfg.num_layers, cfg.moe.placement))
   d, width = cfg.d_model, cfg.moe.d_ff or cfg.d_ff
   if how == "flops":  # a token's k routed experts' FFNs and every shared one: one FFN (k + n) times as wide
-    experts_per_token = routers.top_k(cfg.moe) + cfg.moe.get("shared_experts", 0)
+    experts_per_token = routers.top_k(cfg.moe) + settings_lib.typed(settings_lib.MoESettings, cfg.moe).shared_experts
     return (max(1, cfg.moe.sublayers_per_expert // len(moe_positions(cfg.num_layers, cfg.moe.placement))),
             width * experts_per_token)
   if how == "wider":

@@ -22,7 +22,8 @@ class Task(Protocol):
   name: str
 
   def load_data(self, data_config, prepared_dir) -> Any:
-    """Prepares (or reuses) the tokenizer and records under ``prepared_dir``; returns the data object.
+    """Prepares (or reuses) the tokenizer and records of ``data_config`` (the task's data settings, or the config's
+    ``data`` section) under ``prepared_dir``; returns the data object.
 
     The object has ``vocab_size`` and ``tokenizer``.
     """

@@ -16,7 +16,7 @@ from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.experiment.config_validation import validate_config
 from stablemoe_jax.models import routers
 
-UNTYPED = ("data", "compare")
+UNTYPED = ("data", "compare")  # their own dataclasses, checked below and in test_compare_settings.py
 
 
 def _fields(cls, prefix: str = "") -> dict[str, dataclasses.Field]:
@@ -52,7 +52,7 @@ def test_default_preset_is_the_dataclass_defaults_key_for_key():
   assert set(preset) == set(fields) - translation_only
   assert {key: value for key, value in preset.items()} == {key: fields[key].default for key in preset}
   assert settings.from_config(default.get_config()) == dataclasses.replace(
-      settings.RunSettings(), data=settings.from_config(default.get_config()).data)
+      settings.RunSettings(), compare=settings.typed(settings.CompareSettings, None))  # no compare section
   for key, field in fields.items():
     assert field.metadata.get("help"), key  # every field says what it is
 
@@ -62,8 +62,31 @@ def test_translation_preset_keys_are_fields_and_the_added_ones_exist():
   assert set(preset) == set(fields)
   typed = settings.from_config(mt_cpu.get_config())
   assert (typed.task, typed.train.schedule, typed.train.label_smoothing) == ("translation", "inverse_sqrt", 0.1)
-  assert typed.data.pairs == mt_cpu.get_config().data.pairs  # untyped sections pass through as given
+  assert typed.data.pairs == mt_cpu.get_config().data.pairs
   assert typed.decode == settings.DecodeSettings()  # the translation preset's decoding is the default
+
+
+@pytest.mark.parametrize("preset, cls", [(default, settings.LMDataSettings),
+                                         (mt_cpu, settings.TranslationDataSettings)])
+def test_each_task_s_data_section_is_its_dataclass_key_for_key(preset, cls):
+  data = preset.get_config().data.to_dict()
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  assert set(data) <= set(fields)
+  assert data == {key: fields[key].default for key in data}
+  assert settings.from_config(preset.get_config()).data == cls(**data)
+  assert all(f.metadata.get("help") for f in fields.values())
+
+
+def test_the_task_chooses_the_data_dataclass_and_a_key_of_the_other_task_is_unknown():
+  lm = ml_collections.ConfigDict({"data": {"corpus": "files", "train_files": "a/*.txt"}})
+  assert settings.from_config(lm).data == settings.LMDataSettings(corpus="files", train_files="a/*.txt")
+  translation = ml_collections.ConfigDict({"task": "translation", "data": {"pairs": "de-en"}})
+  data = settings.from_config(translation).data
+  assert (data.pairs, data.length_buckets, data.pack_pairs) == ("de-en", 1, False)  # absent buckets: one
+  with pytest.raises(ConfigError, match=r"^data.pairs is unknown; the data keys are .*\(configs/default.py\)"):
+    settings.from_config(ml_collections.ConfigDict({"data": {"pairs": "de-en"}}))
+  with pytest.raises(ConfigError, match=r"^data.tokenizer is unknown; .*\(configs/mt_cpu.py\)"):
+    settings.from_config(ml_collections.ConfigDict({"task": "translation", "data": {"tokenizer": "word"}}))
 
 
 def test_registry_entries_own_the_router_sections():
@@ -90,7 +113,11 @@ def test_a_missing_key_reads_as_its_absent_value():
     ("model.moe.num_expert", 4, "model.moe.num_expert is unknown; the model.moe keys are base, block_size, "),
     ("model.moe.switch.topk", 2, "model.moe.switch.topk is unknown; the model.moe.switch keys are "),
     ("train.stpes", 10, "train.stpes is unknown; the train keys are "),
-    ("model.moe.num_experts", "8", "model.moe.num_experts='8' must be an integer (configs/default.py: 8)"),
+    ("model.moe.num_experts", "8", "model.moe.num_experts='8' must be an integer (the default 8); set "),
+    ("model.moe.stablemoe.cosine_dim", "16", "model.moe.stablemoe.cosine_dim='16' must be an integer (the default 16; "
+                                             "a config without the key means 0); set "),
+    ("data.tokenizer", 3, "data.tokenizer=3 must be a string (the default 'word'); set --config.data.tokenizer"),
+    ("data.tokeniser", "word", "data.tokeniser is unknown; the data keys are corpus, data_dir, eval_sets, "),
     ("model.moe.enabled", 1, "model.moe.enabled=1 must be a bool"),
     ("train.learning_rate", "1e-3", "train.learning_rate='1e-3' must be a number"),
     ("health.on_collapse", 2, "health.on_collapse=2 must be a string"),

@@ -8,8 +8,7 @@ key or a value of the wrong type is an error. The readers of a section (the mode
 guard, ...) call it on what they are given, so they read typed fields whether handed the validated settings
 (:func:`from_config`) or a hand-built section.
 
-``data`` is typed by the run's task (``LMDataSettings`` or ``TranslationDataSettings``). ``compare`` (a sweep's
-grid, read by ``compare/``) is still read from the ConfigDict.
+``data`` is typed by the run's task (``LMDataSettings`` or ``TranslationDataSettings``).
 """
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ import typing
 from typing import Any
 
 from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.core.settings.compare import CompareSettings, GridSettings
 from stablemoe_jax.core.settings.data import LMDataSettings, TranslationDataSettings, data_settings_class
 from stablemoe_jax.core.settings.model import MoESettings, ModelSettings
 from stablemoe_jax.core.settings.routers import (BaseSettings, DeepSeekSettings, DistilledRouterSettings,
@@ -26,16 +26,15 @@ from stablemoe_jax.core.settings.routers import (BaseSettings, DeepSeekSettings,
 from stablemoe_jax.core.settings.run import (AnalysisSettings, DecodeSettings, EvalSettings, HealthSettings,
                                              MeshSettings, TrainSettings)
 
-__all__ = ["AnalysisSettings", "BaseSettings", "DecodeSettings", "DeepSeekSettings", "DistilledRouterSettings",
-           "EvalSettings", "HashSettings", "HealthSettings", "LMDataSettings", "MeshSettings", "MoESettings",
+__all__ = ["AnalysisSettings", "BaseSettings", "CompareSettings", "DecodeSettings", "DeepSeekSettings", "DistilledRouterSettings",
+           "EvalSettings", "GridSettings", "HashSettings", "HealthSettings", "LMDataSettings", "MeshSettings", "MoESettings",
            "ModelSettings", "RunSettings", "StableMoESettings", "SwitchSettings", "TrainSettings",
            "TranslationDataSettings", "absent_value", "from_config", "typed"]
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-  """A whole validated config: the typed sections (``data`` by the task), and ``compare`` still as given (None
-  where the config has none)."""
+  """A whole validated config, every section typed (``data`` by the task)."""
 
   seed: int = setting(0, "the run's seed (parameters, dropout, routing shuffles, data order)")
   task: str = setting("lm", "lm | translation (configs written before the key existed are language models)")
@@ -50,16 +49,19 @@ class RunSettings:
       default_factory=LMDataSettings, metadata={"help": "the corpus (its dataclass is the task's)"})
   decode: DecodeSettings = dataclasses.field(default_factory=DecodeSettings,
                                              metadata={"help": "translation decoding"})
-  compare: Any = dataclasses.field(default=None, metadata={"help": "a sweep's grid (untyped)"})
+  compare: CompareSettings = dataclasses.field(default_factory=CompareSettings,
+                                               metadata={"help": "a comparison's methods, seeds and grid"})
 
 
-_UNTYPED = ("compare",)  # RunSettings fields kept as the config gives them
 _SECTION_PATHS = {RunSettings: "", ModelSettings: "model", MoESettings: "model.moe", TrainSettings: "train",
                   EvalSettings: "eval", DecodeSettings: "decode", MeshSettings: "mesh", HealthSettings: "health",
                   AnalysisSettings: "analysis", LMDataSettings: "data", TranslationDataSettings: "data",
+                  CompareSettings: "compare", GridSettings: "compare.grid",
                   StableMoESettings: "model.moe.stablemoe",
                   SwitchSettings: "model.moe.switch", BaseSettings: "model.moe.base", HashSettings: "model.moe.hash",
                   DeepSeekSettings: "model.moe.deepseek", DistilledRouterSettings: "model.moe.distilled_router"}
+_PRESETS = {TranslationDataSettings: "configs/mt_cpu.py", DecodeSettings: "configs/mt_cpu.py",
+            CompareSettings: "configs/compare_cpu.py", GridSettings: "configs/compare_cpu.py"}
 _SCALARS = {bool: "a bool", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -84,6 +86,11 @@ def _type_ok(kind, value) -> bool:
   if kind is float:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
   return isinstance(value, kind)
+
+
+def _preset(cls) -> str:
+  """The preset file whose section ``cls`` holds every key at its default."""
+  return _PRESETS.get(cls, "configs/default.py")
 
 
 def _section_class(cls, key: str, given: dict):
@@ -117,19 +124,17 @@ def typed(cls, section, path: str | None = None):
   for key, value in given.items():
     if key not in fields:
       keys = ", ".join(sorted(fields))
-      raise ConfigError(f"{prefix}{key} is unknown; the {path or 'top-level'} keys are {keys} (configs/default.py); "
+      raise ConfigError(f"{prefix}{key} is unknown; the {path or 'top-level'} keys are {keys} ({_preset(cls)}); "
                         f"drop it or correct its name.")
     kind, nested = hints[key], _section_class(cls, key, given)
-    if key in _UNTYPED and cls is RunSettings:
-      values[key] = value
-    elif nested is not None:
+    if nested is not None:
       values[key] = typed(nested, value, f"{prefix}{key}")
     elif kind in _SCALARS and not _type_ok(kind, value):
       raise ConfigError(_wrong_type(cls, prefix, key, value))
     else:
       values[key] = value
   for key in fields:
-    if key in values or (key in _UNTYPED and cls is RunSettings):
+    if key in values:
       continue
     nested = _section_class(cls, key, given)
     values[key] = typed(nested, None, f"{prefix}{key}") if nested is not None else absent_value(cls, key)

@@ -25,7 +25,7 @@ import numpy as np
 from stablemoe_jax.core.settings import TranslationDataSettings, typed
 from stablemoe_jax.data.common.locate import ENV_VAR, DataError, DataNotFoundError
 from stablemoe_jax.data.translation import corpora as parallel
-from stablemoe_jax.data.translation.batches import EncodedSet, _flatten, encode_set
+from stablemoe_jax.data.translation.rows import EncodedSet, _flatten, encode_set
 from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, JointSentencePiece
 from stablemoe_jax.data.translation.pair_records import RecordSet
 

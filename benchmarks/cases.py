@@ -73,7 +73,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]
     *path, leaf = key.split(".")
     section = config
     for part in path:
-      section = section.get(part) if isinstance(section, ml_collections.ConfigDict) else None
+      section = section[part] if isinstance(section, ml_collections.ConfigDict) and part in section else None
     if not isinstance(section, ml_collections.ConfigDict) or leaf not in section:
       raise ConfigError(f"case override {key}={value}: the config has no key {key!r}.")
     section[leaf] = _typed(section[leaf], value, key) if isinstance(value, str) else value

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from benchmarks.json_lines import JsonLines
+from stablemoe_jax.core import settings
 from stablemoe_jax.data.prepare import lm as prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
 from stablemoe_jax.data.translation import batches as batch_lib
@@ -55,8 +56,9 @@ def write_npz(record_sets, directory: pathlib.Path) -> None:
 def time_round(sets, config, batches: int) -> tuple[float, int, list]:
   """(seconds, target tokens, the first 3 batches) of `batches` batches after one warm-up batch."""
   train = config.train
-  buckets = batch_lib.length_buckets(config.data.get('length_buckets', 1), train.seq_len)
-  it = batch_lib.MixedPairIterator(sets, train.batch_size, train.seq_len, config.seed, config.data.sampling_temperature,
+  data = settings.typed(settings.TranslationDataSettings, config.data)
+  buckets = batch_lib.length_buckets(data.length_buckets, train.seq_len)
+  it = batch_lib.MixedPairIterator(sets, train.batch_size, train.seq_len, config.seed, data.sampling_temperature,
                                    length_buckets=buckets)
   first = [next(it)]
   tokens = 0
@@ -102,9 +104,10 @@ def time_make_rows(sets, config, batches: int, rounds: int, gpu_tokens_per_s: fl
   """make_rows (NumPy, on the iterator's `Picks`; also on (set, index) pairs, as evaluation calls it) against the
   per-row loop (on the pairs the old draw built) on the same `batches` drawn batches; the whole iterator's rows/s."""
   train = config.train
-  buckets = batch_lib.length_buckets(config.data.get('length_buckets', 1), train.seq_len)
+  data = settings.typed(settings.TranslationDataSettings, config.data)
+  buckets = batch_lib.length_buckets(data.length_buckets, train.seq_len)
   make = lambda: batch_lib.MixedPairIterator(sets, train.batch_size, train.seq_len, config.seed,
-                                             config.data.sampling_temperature, length_buckets=buckets)
+                                             data.sampling_temperature, length_buckets=buckets)
   it = make()
   draws = [it.draw() for _ in range(batches)]
   rows = sum(len(picks) for picks, _ in draws)
@@ -178,7 +181,7 @@ def main() -> None:
         if args.row_batches else {}
     results.add({'reader': name, 'config': args.config, 'batch_config': args.batch_config or args.config,
                  'batch_size': batch_config.train.batch_size, 'seq_len': batch_config.train.seq_len,
-                 'length_buckets': batch_config.data.get('length_buckets', 1),
+                 'length_buckets': settings.typed(settings.TranslationDataSettings, batch_config.data).length_buckets,
                  'train_pairs': pairs, 'batches': args.batches,
                  'rounds': args.rounds, 'seconds': round(best[name][0], 3),
                  'batches_per_s': round(rates[name][0], 1), 'target_tokens_per_s': round(rates[name][1]),

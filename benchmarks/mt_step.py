@@ -181,12 +181,12 @@ def per_run_costs(exp: Experiment, eval_batch_s: float, beam_s_per_sentence: flo
   final_batches = count("valid") * (2 + layers) + count("test")  # valid, test, contributions (+ the full model)
   sets = exp.data.split_sets("test")
   primary_names = bleu_report.primary_set_names(sets)
-  decoded = sum(len(s) for s in sets if cfg.decode.get("sets", "all") == "all" or primary_names[s.pair] == s.name)
+  decoded = sum(len(s) for s in sets if exp.settings.decode.sets == "all" or primary_names[s.pair] == s.name)
   seconds = {"periodic_eval_s": periodic, "records_s": records * eval_batch_s,
              "final_nll_and_contributions_s": final_batches * eval_batch_s,
              "final_bleu_s": decoded * beam_s_per_sentence}
   return {"steps": train.steps, "moe_layers": layers, "eval_batch_s": round(eval_batch_s, 4),
-          "valid_batches": count("valid"), "test_batches": count("test"), "decode_sets": cfg.decode.get("sets", "all"),
+          "valid_batches": count("valid"), "test_batches": count("test"), "decode_sets": exp.settings.decode.sets,
           "decoded_sentences": decoded, "beam_sentences_per_s": round(1 / beam_s_per_sentence, 2),
           **{k: round(v, 1) for k, v in seconds.items()}, "evaluation_s": round(sum(seconds.values()), 1)}
 
@@ -257,7 +257,7 @@ def main() -> None:
   runs = {}
   for name, exp in exps.items():
     state, step, it = exp.init_state(), exp.jit_train_step(), exp.train_batches()
-    shapes = set(batch_lib.length_buckets(exp.config.data.get("length_buckets", 1), exp.config.train.seq_len))
+    shapes = set(batch_lib.length_buckets(exp.settings.data.length_buckets, exp.config.train.seq_len))
     start = time.perf_counter()
     seen = set()
     while not shapes <= seen:  # compile every batch shape before timing
@@ -307,7 +307,7 @@ def main() -> None:
                "target_tokens_per_s": round(whole[name], 1),
                "vs_first": round(whole[name] / whole[cases[0].name], 3)})
   for name, exp in exps.items():
-    if exp.config.data.get("pack_pairs", False):
+    if exp.settings.data.pack_pairs:
       out.add({"row": "loss_check", "case": name, **loss_check(exp, runs[name]["it"], runs[name]["state"].params)})
   out.save()
 

@@ -71,7 +71,8 @@ class TranslationTask:
 
   def __init__(self, config):
     self._label_smoothing = float(settings_lib.typed(settings_lib.TrainSettings, config.train).label_smoothing)
-    self._pack = settings_lib.typed(settings_lib.TranslationDataSettings, config.data).pack_pairs
+    data = config.data if "data" in config else None  # a hand-built config (tests) may hold only train
+    self._pack = settings_lib.typed(settings_lib.TranslationDataSettings, data).pack_pairs
 
   def load_data(self, data_config, prepared_dir):
     corpus = settings_lib.typed(settings_lib.TranslationDataSettings, data_config).corpus

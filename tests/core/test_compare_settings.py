@@ -4,9 +4,7 @@ keys are fields; a missing key reads as its ``absent`` value; an unknown key or 
 clear error naming it."""
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import typing
 
 import ml_collections
 import pytest
@@ -16,30 +14,9 @@ from stablemoe_jax.compare import report, sweep
 from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings, GridSettings
+from tests.core.section_leaves import field_leaves as _fields, tree_leaves as _leaves
 
 PRESETS = ("compare_cpu", "compare_mt_cpu", "tune_cpu", "tune_mt_cpu", "lm_multi_cpu", "ablate_cpu", "xmoe_cpu")
-
-
-def _fields(cls, prefix: str = "") -> dict[str, dataclasses.Field]:
-  """{dotted key: field} of every leaf of section ``cls``."""
-  out = {}
-  for field in dataclasses.fields(cls):
-    kind = typing.get_type_hints(cls)[field.name]
-    if dataclasses.is_dataclass(kind):
-      out.update(_fields(kind, f"{prefix}{field.name}."))
-    else:
-      out[f"{prefix}{field.name}"] = field
-  return out
-
-
-def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_leaves(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
 
 
 def _compare(preset: str) -> ml_collections.ConfigDict:

@@ -15,34 +15,17 @@ from stablemoe_jax.core import settings
 from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.experiment.config_validation import validate_config
 from stablemoe_jax.models import routers
+from tests.core.section_leaves import field_leaves, tree_leaves
 
 UNTYPED = ("data", "compare")  # their own dataclasses, checked below and in test_compare_settings.py
 
 
-def _fields(cls, prefix: str = "") -> dict[str, dataclasses.Field]:
-  """{dotted key: field} of every leaf of section ``cls``."""
-  out = {}
-  for field in dataclasses.fields(cls):
-    kind = settings._hints(cls)[field.name]  # pylint: disable=protected-access
-    if cls is settings.RunSettings and field.name in UNTYPED:
-      continue
-    if dataclasses.is_dataclass(kind):
-      out.update(_fields(kind, f"{prefix}{field.name}."))
-    else:
-      out[f"{prefix}{field.name}"] = field
-  return out
+def _fields(cls) -> dict[str, dataclasses.Field]:
+  return field_leaves(cls, skip=UNTYPED if cls is settings.RunSettings else ())
 
 
-def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
-  out = {}
-  for key, value in tree.items():
-    if prefix == "" and key in UNTYPED:
-      continue
-    if isinstance(value, dict):
-      out.update(_leaves(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
+def _leaves(tree: dict) -> dict[str, object]:
+  return tree_leaves(tree, skip=UNTYPED)
 
 
 def test_default_preset_is_the_dataclass_defaults_key_for_key():

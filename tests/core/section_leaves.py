@@ -6,7 +6,8 @@ import typing
 
 
 def field_leaves(cls, prefix: str = "", skip: tuple[str, ...] = ()) -> dict[str, dataclasses.Field]:
-  """{dotted key: field} of every leaf of section ``cls`` (nested dataclasses flattened; top-level ``skip`` left out)."""
+  """{dotted key: field} of every leaf of section ``cls`` (nested dataclasses flattened; top-level ``skip`` left
+  out)."""
   out = {}
   for field in dataclasses.fields(cls):
     if field.name in skip:

@@ -1,6 +1,6 @@
 """Every config section is read through its dataclass (``core/settings``): no ``.get(key, default)`` on a config
-section anywhere else in the package or the benchmarks, so each default is stated once. Recorded configs (JSON a checkpoint saved,
-compared key by key in ``train/checkpoint.py``) are dicts, not sections, and may be read as dicts."""
+section anywhere else in the package or the benchmarks, so each default is stated once. Recorded configs (JSON a
+checkpoint saved, compared key by key in ``train/checkpoint.py``) are dicts, not sections, and may be read as dicts."""
 from __future__ import annotations
 
 import pathlib

@@ -26,10 +26,10 @@ from stablemoe_jax.core.settings.routers import (BaseSettings, DeepSeekSettings,
 from stablemoe_jax.core.settings.run import (AnalysisSettings, DecodeSettings, EvalSettings, HealthSettings,
                                              MeshSettings, TrainSettings)
 
-__all__ = ["AnalysisSettings", "BaseSettings", "CompareSettings", "DecodeSettings", "DeepSeekSettings", "DistilledRouterSettings",
-           "EvalSettings", "GridSettings", "HashSettings", "HealthSettings", "LMDataSettings", "MeshSettings", "MoESettings",
-           "ModelSettings", "RunSettings", "StableMoESettings", "SwitchSettings", "TrainSettings",
-           "TranslationDataSettings", "absent_value", "from_config", "typed"]
+__all__ = ["AnalysisSettings", "BaseSettings", "CompareSettings", "DecodeSettings", "DeepSeekSettings",
+           "DistilledRouterSettings", "EvalSettings", "GridSettings", "HashSettings", "HealthSettings",
+           "LMDataSettings", "MeshSettings", "MoESettings", "ModelSettings", "RunSettings", "StableMoESettings",
+           "SwitchSettings", "TrainSettings", "TranslationDataSettings", "absent_value", "from_config", "typed"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,6 +60,14 @@ METHODS = {m.name: m for m in [
     # and as published.
     Method("switch_cosine", "Switch Transformer, cosine routing (X-MoE)", _cosine("switch", 0.0)),
     Method("switch_xmoe", "Switch Transformer, X-MoE routing as published (expert norm 1.5)", _cosine("switch", 1.5)),
+    # Routers after StableMoE (issue 52; configs/tune_routers_cpu.py asks them StableMoE's question): top-2 Switch
+    # (Mixtral's renormalised softmax), DeepSeek-V3's bias-balanced sigmoid routing at top-2 of the 8 experts, and the
+    # latter with one always-on shared expert (DeepSeekMoE).
+    Method("switch_top2", "Switch Transformer, top-2", {"model.moe.router": "switch", "model.moe.switch.top_k": 2}),
+    Method("deepseek", "DeepSeek-V3 routing, top-2 (sigmoid, bias-balanced)",
+           {"model.moe.router": "deepseek", "model.moe.deepseek.top_k": 2}),
+    Method("deepseek_shared", "DeepSeek-V3 routing, top-2, + 1 shared expert",
+           {"model.moe.router": "deepseek", "model.moe.deepseek.top_k": 2, "model.moe.shared_experts": 1}),
     Method("base", "BASE Layer", {"model.moe.router": "base"}),
     Method("hash", "Hash Layer", {"model.moe.router": "hash"}),
     Method("base_fixed", "BASE Layer + fixed routing",

@@ -40,6 +40,11 @@ def test_every_method_is_checked_before_any_training(tiny_config, tmp_path, monk
   assert not any(tmp_path.iterdir())  # nothing was built, not even the first (valid) method's run
 
 
+def test_docs_table_of_methods_names_every_method_in_order():
+  rows = [line for line in (REPO / "docs/comparison.md").read_text().splitlines() if line.startswith("| `")]
+  assert [row.split("`")[1] for row in rows] == list(methods_lib.METHODS)
+
+
 def test_unknown_method_on_the_command_line_is_one_clear_error(tmp_path):
   result = subprocess.run([sys.executable, "-m", "stablemoe_jax.compare", "--config", "configs/compare_cpu.py",
                            "--workdir", str(tmp_path), "--config.compare.methods=stablemoe,nosuch"],

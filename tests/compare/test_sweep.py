@@ -9,7 +9,7 @@ import math
 
 import ml_collections
 import pytest
-from tests.conftest import share_prepared_ptb
+from tests.conftest import REPO, share_prepared_ptb
 
 from stablemoe_jax.compare import report, runner, sweep, sweep_report
 from stablemoe_jax.compare.methods import method_configs
@@ -248,6 +248,34 @@ def test_tune_cpu_preset_validates_every_method_and_setting():
   for name, method_config in method_configs(config).items():
     for setting in grid.settings:
       assert sweep.setting_config(method_config, setting, grid.steps, 0).train.learning_rate == setting.learning_rate
+
+
+def test_tune_routers_preset_adds_three_methods_and_reuses_the_tuned_tables_runs():
+  """configs/tune_routers_cpu.py trains only its new methods: every other method keeps tune_cpu's grid, and each of
+  that grid's seed-0 runs and each choice's seeds 1-3 is committed in results/tune_h100, so the sweep finds them."""
+  from configs import tune_cpu, tune_routers_cpu  # pylint: disable=import-outside-toplevel
+  config, tuned = tune_routers_cpu.get_config(), tune_cpu.get_config()
+  grid, tuned_grid = sweep.parse_grid(config), sweep.parse_grid(tuned)
+  configs = method_configs(config)
+  old = [name for name in configs if name not in tune_routers_cpu.NEW_METHODS]
+  assert old == [name.strip() for name in tuned.compare.methods.split(",")]
+  results = REPO / tuned.compare.results_dir
+  for name in old:
+    assert grid.for_method(name) == tuned_grid.for_method(name)
+    for setting in grid.for_method(name):
+      assert (results / name / setting.name / "seed0" / "summary.json").is_file(), (name, setting.name)
+  choices = json.loads((results / "comparison.json").read_text())["choices"]
+  for name in old:
+    for seed in (1, 2, 3):
+      assert (results / name / choices[name]["name"] / f"seed{seed}" / "summary.json").is_file(), (name, seed)
+  for name in tune_routers_cpu.NEW_METHODS:
+    assert [(s.learning_rate, s.warmup_steps) for s in grid.for_method(name)] == [(6e-3, 400), (4e-3, 400)]
+    for setting in grid.for_method(name):
+      run = sweep.setting_config(configs[name], setting, grid.steps, 0)
+      assert (run.train.learning_rate, run.train.steps, run.train.stage1_steps) == (setting.learning_rate, 850, 300)
+  assert configs["switch_top2"].model.moe.switch.top_k == 2
+  assert (configs["deepseek"].model.moe.deepseek.top_k, configs["deepseek"].model.moe.shared_experts) == (2, 0)
+  assert configs["deepseek_shared"].model.moe.shared_experts == 1
 
 
 def test_extra_settings_extend_the_cross_product(tiny_config):

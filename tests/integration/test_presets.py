@@ -23,6 +23,7 @@ NO_PAIRS = "data.pairs='': no pair given"
 EXPECTED = {
     "default": (1, 8, BATCH_16),
     "tune_cpu": (1, 8, BATCH_16),
+    "tune_routers_cpu": (1, 8, BATCH_16),
     "compare_cpu": (1, 8, BATCH_16),
     "ablate_cpu": (1, 8, BATCH_16),
     "xmoe_cpu": (1, 8, BATCH_16),

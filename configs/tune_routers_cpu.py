@@ -5,7 +5,8 @@ configs/tune_cpu.py's rule at its budget and reported beside its rows.
 Run (resumable; the tuned table's runs are found in results/tune_h100 and not trained again, so only the three new
 methods train: 2 settings on seed 0, then seeds 1-3 at each one's choice, 15 runs):
   python -m stablemoe_jax.compare --config configs/tune_routers_cpu.py --workdir runs/tune_routers
-Several workers (one GPU, or many cores): WORKERS=4 bash launch/sweep_workers.sh configs/tune_routers_cpu.py runs/tune_routers
+Several workers (one GPU, or many cores):
+  WORKERS=4 bash launch/sweep_workers.sh configs/tune_routers_cpu.py runs/tune_routers
 Report what has finished without training: add --config.compare.report_only=True.
 
 Budget: configs/default.py's (850 steps of 16 x 128 PTB tokens, 300 in stage 1), as for every row of the tuned

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO, share_prepared_ptb
 
 from stablemoe_jax.compare import report, runner, sweep, sweep_report
-from stablemoe_jax.compare.methods import method_configs
+from stablemoe_jax.compare.methods import method_configs, parse_method_names
 from stablemoe_jax.experiment.config_validation import ConfigError
 
 
@@ -258,14 +258,13 @@ def test_tune_routers_preset_adds_three_methods_and_reuses_the_tuned_tables_runs
   grid, tuned_grid = sweep.parse_grid(config), sweep.parse_grid(tuned)
   configs = method_configs(config)
   old = [name for name in configs if name not in tune_routers_cpu.NEW_METHODS]
-  assert old == [name.strip() for name in tuned.compare.methods.split(",")]
+  assert old == parse_method_names(tuned.compare.methods)
   results = REPO / tuned.compare.results_dir
+  choices = json.loads((results / "comparison.json").read_text())["choices"]
   for name in old:
     assert grid.for_method(name) == tuned_grid.for_method(name)
     for setting in grid.for_method(name):
       assert (results / name / setting.name / "seed0" / "summary.json").is_file(), (name, setting.name)
-  choices = json.loads((results / "comparison.json").read_text())["choices"]
-  for name in old:
     for seed in (1, 2, 3):
       assert (results / name / choices[name]["name"] / f"seed{seed}" / "summary.json").is_file(), (name, seed)
   for name in tune_routers_cpu.NEW_METHODS:

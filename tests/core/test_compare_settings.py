@@ -16,7 +16,8 @@ from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings, GridSettings
 from tests.core.section_leaves import field_leaves as _fields, tree_leaves as _leaves
 
-PRESETS = ("compare_cpu", "compare_mt_cpu", "tune_cpu", "tune_routers_cpu", "tune_mt_cpu", "lm_multi_cpu", "ablate_cpu", "xmoe_cpu")
+PRESETS = ("compare_cpu", "compare_mt_cpu", "tune_cpu", "tune_routers_cpu", "tune_mt_cpu", "lm_multi_cpu", "ablate_cpu",
+           "xmoe_cpu")
 
 
 def _compare(preset: str) -> ml_collections.ConfigDict:

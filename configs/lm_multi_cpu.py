@@ -42,4 +42,5 @@ def get_config(corpus_dir: str = "runs/union_corpus") -> ml_collections.ConfigDi
   config.compare = compare_cpu.get_config().compare
   config.compare.methods = "dense,stablemoe,switch"
   config.compare.seeds = 2
+  config.compare.results_dir = "results/lm_multi_cpu"  # each finished run's summary and metrics, committed
   return config

@@ -41,7 +41,7 @@ def main(argv: list[str]) -> None:
     labels = {name: name for name in result["grid"]}
     print(sweep_report.grid_table(result, labels))
     if rows:
-      print(report.markdown_table(rows, sweep_report.SWEEP_COLUMNS))
+      print(report.markdown_table(rows, sweep_report.sweep_columns(rows)))
     print(f"wrote {_WORKDIR.value}/comparison.md and comparison.json", flush=True)
     return
   records = runner.run_all(config, _WORKDIR.value, train=train)

@@ -12,14 +12,22 @@ import numpy as np
 
 from stablemoe_jax.experiment.config_validation import ConfigError
 
-METRICS = ("valid", "test")  # perplexity of each split, as summary.json has it
+METRICS = ("valid", "test", "train_loss")  # perplexity of each split, as summary.json has it; the training loss
 # Translation runs (summary.json has "bleu") are also paired on the measures the paper's Table 4 reports.
 TRANSLATION_METRICS = ("valid_nll", "bleu")
+# Runs with named held-out sets (summary.json "sets", ``data.eval_sets``) are paired on each set's valid perplexity.
+SET_PREFIX = "set/"
 
 
-def metric_value(summary: dict, metric: str) -> float:
+def metric_value(record: dict, metric: str) -> float | None:
   """A run's ``metric``: "valid" / "test" perplexity, "valid_nll" (validation NLL per target token), "bleu" (the
-  average test BLEU over the pairs)."""
+  average test BLEU over the pairs), "train_loss" (``runner.training_loss``; None for a record without it),
+  "set/NAME" (the named held-out set NAME's validation perplexity)."""
+  summary = record["summary"]
+  if metric.startswith(SET_PREFIX):  # a named held-out set's validation perplexity
+    return summary["sets"][metric[len(SET_PREFIX):]]["valid"]["perplexity"]
+  if metric == "train_loss":
+    return record.get("train_loss")
   if metric == "valid_nll":
     return summary["valid"]["loss"]
   if metric == "bleu":
@@ -63,18 +71,19 @@ def paired_differences(records: list[dict], baseline: str = "dense",
   interval.
 
   Args:
-    records: run records (``runner.run_record``): "method", "seed", "summary".
+    records: run records (``runner.run_record``): "method", "seed", "summary", "train_loss".
     baseline: the method every other is paired with, when ``pairs`` is None.
     pairs: ``{method: its baseline}`` (an ablation against the method it ablates) instead.
 
   Returns:
     ``{method: {"baseline", "seeds": [...], "valid": {"differences", "n", "mean", "low", "high", "reading"},
-    "test": {...}}}``, and "valid_nll" and "bleu" when every run of the pair reports BLEU (translation); a method
-    whose baseline has no run is left out.
+    "test": {...}, "train_loss": {...}}}`` ("train_loss" has no differences when a run of the pair has no training
+    loss), "valid_nll" and "bleu" when every run of the pair reports BLEU (translation), "set/NAME" for each named
+    held-out set when every run of the pair scored them; a method whose baseline has no run is left out.
   """
   by_method: dict[str, dict] = {}
   for r in records:
-    by_method.setdefault(r["method"], {})[r["seed"]] = r["summary"]
+    by_method.setdefault(r["method"], {})[r["seed"]] = r
   if pairs is None:
     pairs = {method: baseline for method in by_method if method != baseline}
   result = {}
@@ -84,9 +93,14 @@ def paired_differences(records: list[dict], baseline: str = "dense",
       continue
     seeds = sorted(set(runs) & set(base))
     entry = {"baseline": against, "seeds": seeds}
-    translation = seeds and all("bleu" in runs[s] and "bleu" in base[s] for s in seeds)
-    for metric in METRICS + (TRANSLATION_METRICS if translation else ()):
-      differences = [metric_value(runs[s], metric) - metric_value(base[s], metric) for s in seeds]
+    translation = seeds and all("bleu" in runs[s]["summary"] and "bleu" in base[s]["summary"] for s in seeds)
+    sets = [f"{SET_PREFIX}{name}" for name in runs[seeds[0]]["summary"].get("sets", {})] if seeds else []
+    if not all(runs[s]["summary"].get("sets") and base[s]["summary"].get("sets") for s in seeds):
+      sets = []
+    for metric in METRICS + (TRANSLATION_METRICS if translation else ()) + tuple(sets):
+      values = [(metric_value(runs[s], metric), metric_value(base[s], metric)) for s in seeds]
+      recorded = all(run is not None and against is not None for run, against in values)
+      differences = [run - against for run, against in values] if recorded else []
       stats = interval(differences)
       entry[metric] = {"differences": differences, **stats, "reading": reading(stats)}
     result[method] = entry
@@ -116,10 +130,13 @@ def _cell(stats: dict, digits: int = 2) -> str:
 
 
 # (header, cell of a method's paired entry) after the method, its baseline and the paired seeds.
+_TRAIN_LOSS_COLUMN = ("train loss difference [95% CI]", lambda e: _cell(e["train_loss"], 3))
 _LM_COLUMNS = (("valid PPL difference [95% CI]", lambda e: _cell(e["valid"])),
                ("test PPL difference [95% CI]", lambda e: _cell(e["test"])),
-               ("test PPL", lambda e: e["test"]["reading"]))
-_TRANSLATION_COLUMNS = (("valid NLL difference [95% CI]", lambda e: _cell(e["valid_nll"], 3)),
+               ("test PPL", lambda e: e["test"]["reading"]),
+               _TRAIN_LOSS_COLUMN)
+_TRANSLATION_COLUMNS = (_TRAIN_LOSS_COLUMN,
+                        ("valid NLL difference [95% CI]", lambda e: _cell(e["valid_nll"], 3)),
                         ("valid NLL", lambda e: e["valid_nll"]["reading"]),
                         ("average BLEU difference [95% CI]", lambda e: _cell(e["bleu"])),
                         ("BLEU", lambda e: e["bleu"]["reading"]))
@@ -137,4 +154,20 @@ def markdown(paired: dict[str, dict], labels: dict[str, str]) -> str:
     cells = [labels.get(method, method), labels.get(entry["baseline"], entry["baseline"]),
              ", ".join(str(s) for s in entry["seeds"]) or "--", *(cell(entry) for _, cell in columns)]
     lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def sets_markdown(paired: dict[str, dict], labels: dict[str, str]) -> str:
+  """Per method and named held-out set, the paired valid PPL difference with its 95% interval and reading; ""
+  when no pair scored named sets."""
+  entries = {method: entry for method, entry in paired.items() if any(k.startswith(SET_PREFIX) for k in entry)}
+  if not entries:
+    return ""
+  names = [k[len(SET_PREFIX):] for k in next(iter(entries.values())) if k.startswith(SET_PREFIX)]
+  lines = ["| method | against | paired seeds | " + " | ".join(f"{name} valid PPL difference" for name in names) + " |",
+           "|---" * (3 + len(names)) + "|"]
+  for method, entry in entries.items():
+    cells = [f"{_cell(entry[SET_PREFIX + name])} ({entry[SET_PREFIX + name]['reading']})" for name in names]
+    lines.append("| " + " | ".join([labels.get(method, method), labels.get(entry["baseline"], entry["baseline"]),
+                                    ", ".join(str(s) for s in entry["seeds"]), *cells]) + " |")
   return "\n".join(lines) + "\n"

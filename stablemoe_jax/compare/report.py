@@ -114,6 +114,17 @@ def _bleu_cells(summaries: list[dict]) -> dict:
           "bleu_signature": summaries[0]["bleu"]["signature"]}
 
 
+def _set_cells(summaries: list[dict]) -> dict[str, dict] | None:
+  """Runs with named held-out sets (``data.eval_sets``): per set, the valid and test perplexity of each seed and
+  their means, ``{name: {"valid": [...], "valid_mean", "test": [...], "test_mean"}}``; None without sets."""
+  if not all(s.get("sets") for s in summaries):
+    return None
+  return {name: {**{split: [s["sets"][name][split]["perplexity"] for s in summaries] for split in ("valid", "test")},
+                 **{f"{split}_mean": float(np.mean([s["sets"][name][split]["perplexity"] for s in summaries]))
+                    for split in ("valid", "test")}}
+          for name in summaries[0]["sets"]}
+
+
 def _valid_loss(summary: dict) -> float:
   """Validation loss per token; runs whose summary predates the "loss" key give log(perplexity), the same value."""
   valid = summary["valid"]
@@ -134,6 +145,8 @@ def method_rows(records: list[dict]) -> list[dict]:
     valid_losses = [_valid_loss(s) for s in summaries]
     valid_loss = _mean_std(valid_losses)
     test = _mean_std([s["test"]["perplexity"] for s in summaries])
+    train_losses = [r.get("train_loss") for r in runs]
+    train_loss = _mean_std(train_losses) if None not in train_losses else (None, None)
     agreements = [s.get("distill_agreement_at_boundary") for s in summaries]
     fluctuations = [r.get("fluctuation") for r in runs]
     result.append({
@@ -144,6 +157,8 @@ def method_rows(records: list[dict]) -> list[dict]:
         "valid_ppl": [s["valid"]["perplexity"] for s in summaries],
         "valid_loss_mean": valid_loss[0], "valid_loss_std": valid_loss[1],
         "valid_loss": valid_losses,
+        "train_loss_mean": train_loss[0], "train_loss_std": train_loss[1], "train_loss": train_losses,
+        "sets": _set_cells(summaries),
         **_bleu_cells(summaries),
         "test_ppl": [s["test"]["perplexity"] for s in summaries],
         "tokens_per_second": float(np.mean([s["tokens_per_second"] for s in summaries])),
@@ -187,6 +202,14 @@ def _mean_cell(row: dict, name: str) -> str:
   return f"{mean:.2f} ± {std:.2f}" if len(row["seeds"]) > 1 else f"{mean:.2f}"
 
 
+def _train_loss_cell(row: dict) -> str:
+  """The mean logged training task loss over the last 20% of the steps (``runner.training_loss``), ± over seeds."""
+  mean, std = row.get("train_loss_mean"), row.get("train_loss_std")
+  if mean is None:
+    return "--"
+  return f"{mean:.3f} ± {std:.3f}" if len(row["seeds"]) > 1 else f"{mean:.3f}"
+
+
 def _is_dead(row: dict) -> bool:
   return bool(row.get("health") and row["health"]["dead"])
 
@@ -217,6 +240,7 @@ COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
     ("FLOPs / token (fwd)", lambda r: _millions(r["flops_per_token"])),
     ("valid PPL", lambda r: _mean_cell(r, "valid_ppl")),
     ("test PPL", lambda r: _mean_cell(r, "test_ppl")),
+    ("train loss (last 20% of steps)", lambda r: _train_loss_cell(r)),
     ("train tokens/s", lambda r: f"{r['tokens_per_second']:,.0f}"),
     ("train wall time", lambda r: f"{r['train_seconds'] / 60:.1f} min"),
     ("distill agreement at stage-1 end", lambda r: "--" if r["distill_agreement_at_boundary"] is None
@@ -324,6 +348,25 @@ def paired_section(records: list[dict], labels: dict[str, str], pairs: dict[str,
           "the interval excludes 0.\n\n" + table)
 
 
+def sets_section(rows: list[dict], records: list[dict], pairs: dict[str, str] | None = None) -> str:
+  """The named held-out sets (``data.eval_sets``, e.g. the union corpus's sources): each method's valid and test
+  perplexity per set (mean over seeds) and the paired valid differences; "" when the runs scored no named set."""
+  scored = [row for row in rows if row.get("sets")]
+  if not scored:
+    return ""
+  names = list(scored[0]["sets"])
+  lines = ["| method | " + " | ".join(f"{name} valid / test PPL" for name in names) + " |",
+           "|---" * (1 + len(names)) + "|"]
+  lines += ["| " + " | ".join([row["label"], *(f"{row['sets'][n]['valid_mean']:.2f} / {row['sets'][n]['test_mean']:.2f}"
+                                               for n in names)]) + " |" for row in scored]
+  labels = {r["method"]: r["label"] for r in rows}
+  differences = paired.sets_markdown(paired.paired_differences(records, pairs=pairs), labels)
+  return ("\n## Per held-out set\n\nEach named set scored on its own (every token, as the splits), perplexity mean "
+          "over seeds.\n\n" + "\n".join(lines) + "\n"
+          + (f"\nPaired against {'its baseline' if pairs else 'dense'} (valid PPL, same seeds; 95% Student-t "
+             f"interval):\n\n{differences}" if differences else ""))
+
+
 def pairs_of(config) -> dict[str, str] | None:
   """``compare.pairs`` as {ablation: baseline} (None: pair every method with dense); a bad value is a ConfigError."""
   compare = typed(CompareSettings, config.compare, "compare")
@@ -341,6 +384,7 @@ def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[di
   (workdir / "comparison.md").write_text(
       "# Comparison\n\n" + budget_note(config, rows) + devices_note(rows) + "\n" + markdown_table(rows) + "\n"
       + health_note(rows) + paired_section(records, {r["method"]: r["label"] for r in rows}, pairs_of(config))
+      + sets_section(rows, records, pairs_of(config))
       + write_convergence_plot(rows, workdir / "convergence.png")
       + write_fluctuation_plot(rows, workdir / "fluctuation.png"))
   return rows

@@ -10,6 +10,7 @@ import time
 
 import jax
 import ml_collections
+import numpy as np
 
 from stablemoe_jax.analysis import fluctuation, records as records_lib
 from stablemoe_jax.compare.methods import METHODS, method_configs
@@ -50,10 +51,9 @@ def model_costs(config: ml_collections.ConfigDict, directory: pathlib.Path) -> d
           "flops_per_token": flops_lib.forward_flops_per_token(params, exp.config.train.seq_len, top_k=top_k)}
 
 
-def validation_curves(directory: pathlib.Path, summary: dict, tokens_per_step: int) -> dict[str, list[list[float]]]:
-  """One read of the run's metrics.jsonl: at every in-training validation, then the final one, ``"curve"``
+def validation_curves(records: list[dict], summary: dict, tokens_per_step: int) -> dict[str, list[list[float]]]:
+  """From the run's metrics.jsonl records: at every in-training validation, then the final one, ``"curve"``
   [[training seconds, valid perplexity], ...] and ``"token_curve"`` [[training tokens, valid perplexity], ...]."""
-  records = read_metrics(directory)
   valid = [r for r in records if "valid/perplexity" in r]
   final = summary["valid"]["perplexity"]
   # Scored tokens (translation: real target tokens) where the run logged them, else every position of its steps.
@@ -63,6 +63,17 @@ def validation_curves(directory: pathlib.Path, summary: dict, tokens_per_step: i
                    + [[summary["train_seconds"], final]],
           "token_curve": [[tokens(r), r["valid/perplexity"]] for r in valid]
                          + [[counted[-1] if counted else summary["steps"] * tokens_per_step, final]]}
+
+
+TRAIN_LOSS_TAIL = 0.2  # the training loss reported: the mean logged task loss over the last 20% of the steps
+
+
+def training_loss(records: list[dict], steps: int) -> float | None:
+  """The mean of the logged training task loss (the model's own loss, without balance or distillation terms;
+  label-smoothed where the task smooths) over the windows logged in the last ``TRAIN_LOSS_TAIL`` of ``steps``: how
+  well the model fits the training text, which validation alone does not say. None if no window was logged there."""
+  tail = [r["task_loss"] for r in records if "task_loss" in r and r["step"] > (1 - TRAIN_LOSS_TAIL) * steps]
+  return float(np.mean(tail)) if tail else None
 
 
 def routing_fluctuation(directory: pathlib.Path) -> dict | None:
@@ -189,10 +200,11 @@ def run_record(name: str, run_config: ml_collections.ConfigDict, seed_index: int
   """One run's record for the report: its summary, curve, routing fluctuation and its method's costs."""
   saved = source / "fluctuation.json"
   shares = json.loads(saved.read_text()) if saved.exists() else routing_fluctuation(source)
+  records = read_metrics(source)
   return {"method": name, "label": METHODS[name].label, "seed_index": seed_index, "seed": run_config.seed,
           "overrides": METHODS[name].overrides, "workdir": str(source), "summary": summary,
-          "fluctuation": shares,
-          **validation_curves(source, summary, run_config.train.batch_size * run_config.train.seq_len), **costs}
+          "fluctuation": shares, "train_loss": training_loss(records, summary["steps"]),
+          **validation_curves(records, summary, run_config.train.batch_size * run_config.train.seq_len), **costs}
 
 
 def log_result(log, tag: str, status: str, summary: dict) -> None:

@@ -8,8 +8,8 @@ import pathlib
 from typing import Callable
 
 from stablemoe_jax.compare.figures import write_convergence_plot, write_fluctuation_plot, write_token_plot
-from stablemoe_jax.compare.report import (COLUMNS, budget_note, devices_note, health_note, markdown_table, method_rows,
-                                          paired_section, pairs_of)
+from stablemoe_jax.compare.report import (budget_note, devices_note, health_note, markdown_table, method_rows,
+                                          paired_section, pairs_of, sets_section, table_columns)
 from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings
 
@@ -72,9 +72,12 @@ def rejected_note(result: dict, labels: dict[str, str]) -> str:
           "not needed):\n\n" + "\n".join(lines) + "\n")
 
 
-SWEEP_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
-    COLUMNS[0], ("chosen lr / warmup", lambda r: f"{r['setting']['learning_rate']:g} / {r['setting']['warmup_steps']}"),
-    ("seeds", lambda r: str(len(r["seeds"]))), *COLUMNS[1:]]
+def sweep_columns(rows: list[dict]) -> list[tuple[str, Callable[[dict], str]]]:
+  """The comparison's columns (translation's when the runs report BLEU), with the chosen setting and the seeds."""
+  columns = table_columns(rows)
+  return [columns[0], ("chosen lr / warmup", lambda r: f"{r['setting']['learning_rate']:g} / "
+                                                       f"{r['setting']['warmup_steps']}"),
+          ("seeds", lambda r: str(len(r["seeds"]))), *columns[1:]]
 
 
 def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dict]:
@@ -104,8 +107,9 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
           "layer)\n", grid_table(result, labels), rejected_note(result, labels)]
   if rows:
     text += ["## At each method's choice\n", budget_note(config, rows), devices_note(rows),
-             markdown_table(rows, SWEEP_COLUMNS), health_note(rows),
+             markdown_table(rows, sweep_columns(rows)), health_note(rows),
              paired_section(result["records"], labels, pairs_of(config)),
+             sets_section(rows, result["records"], pairs_of(config)),
              write_token_plot(rows, workdir / "validation_tokens.png"),
              write_convergence_plot(rows, workdir / "convergence.png"),
              write_fluctuation_plot(rows, workdir / "fluctuation.png")]

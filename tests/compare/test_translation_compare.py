@@ -8,7 +8,7 @@ import ml_collections
 import pytest
 from tests.mt_fixtures import copy_shared_run, shared_run_config
 
-from stablemoe_jax.compare import report, runner
+from stablemoe_jax.compare import report, runner, sweep_report
 
 PAIRS = ("de-en", "fr-en", "cs-en", "es-en")
 
@@ -49,6 +49,21 @@ def test_translation_table_has_bleu_per_pair_and_marks_dead_layers():
   assert "valid PPL increase without each layer" in headers
   assert "| decoder_moe_1 +30.00% / encoder_moe_1 +5.00% |" in lines[2]
   assert "| decoder_moe_1 +20.00% / encoder_moe_1 +5.00% |" in lines[3]
+
+
+def test_tuned_translation_table_has_the_chosen_setting_and_bleu():
+  """The tuned comparison's table (sweep_report) keeps translation's columns: Table 4's, not the LM's perplexity."""
+  record = {"method": "stablemoe", "label": "StableMoE", "seed_index": 1, "seed": 1, "overrides": {},
+            "summary": _summary(30.0), "curve": [[60.0, 7.39]], "fluctuation": None, "shared_params": 1e6,
+            "expert_params": 2e6, "total_params": 3e6, "flops_per_token": 1e6, "train_loss": 3.25}
+  rows = report.method_rows([record])
+  rows[0]["setting"] = {"learning_rate": 1e-3, "warmup_steps": 200}
+  table = report.markdown_table(rows, sweep_report.sweep_columns(rows))
+  headers = _headers(table)
+  assert headers[:5] == ["method", "chosen lr / warmup", "seeds", "shared params", "expert params"]
+  assert {"valid loss", "average BLEU", "train loss (last 20% of steps)"} <= set(headers)
+  assert "valid PPL" not in headers and "test PPL" not in headers
+  assert "| StableMoE | 0.001 / 200 | 1 |" in table and "| 31.50 |" in table and "| 3.250 |" in table
 
 
 @pytest.mark.slow

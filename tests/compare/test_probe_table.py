@@ -1,0 +1,56 @@
+"""The multilingual LM probe's table (README.md, "Is it multilinguality?") says what the committed runs measured:
+each row's seeds, training loss, valid and test perplexity, paired differences against dense and per-seed layer worth
+are recomputed from ``results/lm_multi_cpu/comparison.json`` (the runs' own summaries and metrics)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO
+
+from stablemoe_jax.compare import paired
+from stablemoe_jax.train.health import least_contribution
+
+REPORT = REPO / "results" / "lm_multi_cpu" / "comparison.json"
+HEADER = "| method (union corpus, 850 steps) | seeds |"
+
+
+def readme_rows() -> dict[str, list[str]]:
+  """``{label: the row's cells after the label}`` of the README's probe table."""
+  lines = (REPO / "README.md").read_text().splitlines()
+  start = next(i for i, line in enumerate(lines) if line.startswith(HEADER))
+  rows = {}
+  for line in lines[start + 2:]:
+    if not line.startswith("|"):
+      break
+    label, *cells = [cell.strip() for cell in line.strip("|").split("|")]
+    rows[label] = cells
+  return rows
+
+
+def _interval(stats: dict, digits: int) -> str:
+  return f"{stats['mean']:+.{digits}f} [{stats['low']:+.{digits}f}, {stats['high']:+.{digits}f}]"
+
+
+def test_probe_table_is_the_committed_report():
+  report = json.loads(REPORT.read_text())
+  pairs = paired.paired_differences(report["runs"])
+  rows = readme_rows()
+  assert set(rows) == {entry["label"] for entry in report["methods"]}
+  for entry in report["methods"]:
+    runs = sorted((run for run in report["runs"] if run["method"] == entry["method"]), key=lambda run: run["seed"])
+    against = pairs.get(entry["method"])
+    expected = [", ".join(str(run["seed"]) for run in runs),
+                f"{entry['train_loss_mean']:.3f} ± {entry['train_loss_std']:.3f}",
+                f"{entry['valid_ppl_mean']:.2f} ± {entry['valid_ppl_std']:.2f}",
+                f"{entry['test_ppl_mean']:.2f} ± {entry['test_ppl_std']:.2f}",
+                _interval(against["train_loss"], 3) if against else "--",
+                _interval(against["valid"], 2) if against else "--",
+                ", ".join(f"{least_contribution(run['summary']['health']):+.2%}" for run in runs) if against else "--"]
+    assert rows[entry["label"]] == expected, f"README's {entry['label']} row differs from {REPORT.relative_to(REPO)}"
+  # The training loss in the report is the runs' own: the mean task loss of the last 20% of steps in metrics.jsonl.
+  for run in report["runs"]:
+    lines = (REPO / run["workdir"] / "metrics.jsonl").read_text().splitlines()
+    tail = [r["task_loss"] for r in map(json.loads, lines) if "task_loss" in r and r["step"] > 0.8 * 850]
+    assert run["train_loss"] == pytest.approx(sum(tail) / len(tail), rel=1e-12)

@@ -9,6 +9,7 @@ import json
 import pathlib
 
 import pytest
+from tests.compare.doc_tables import markdown_rows
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired
@@ -31,13 +32,8 @@ HEADER = "| method | chosen lr / warmup (seed 0) | reported seeds |"
 
 def table_rows(path: pathlib.Path) -> dict[str, list[str]]:
   """``{method name: its row's cells after the label}`` of the first table whose header starts with HEADER."""
-  lines = path.read_text().splitlines()
-  start = next(i for i, line in enumerate(lines) if line.startswith(HEADER))
   rows = {}
-  for line in lines[start + 2:]:
-    if not line.startswith("|"):
-      break
-    label, *cells = [cell.strip() for cell in line.strip("|").split("|")]
+  for label, cells in markdown_rows(path, HEADER).items():
     assert label in LABELS, f"{path.name}: a headline row this test does not know: {label!r}"
     rows[LABELS[label]] = cells
   return rows

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.compare.doc_tables import markdown_rows
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired
@@ -16,19 +17,6 @@ REPORT = REPO / "results" / "lm_multi_cpu" / "comparison.json"
 HEADER = "| method (union corpus, 850 steps) | seeds |"
 
 
-def readme_rows() -> dict[str, list[str]]:
-  """``{label: the row's cells after the label}`` of the README's probe table."""
-  lines = (REPO / "README.md").read_text().splitlines()
-  start = next(i for i, line in enumerate(lines) if line.startswith(HEADER))
-  rows = {}
-  for line in lines[start + 2:]:
-    if not line.startswith("|"):
-      break
-    label, *cells = [cell.strip() for cell in line.strip("|").split("|")]
-    rows[label] = cells
-  return rows
-
-
 def _interval(stats: dict, digits: int) -> str:
   return f"{stats['mean']:+.{digits}f} [{stats['low']:+.{digits}f}, {stats['high']:+.{digits}f}]"
 
@@ -36,7 +24,7 @@ def _interval(stats: dict, digits: int) -> str:
 def test_probe_table_is_the_committed_report():
   report = json.loads(REPORT.read_text())
   pairs = paired.paired_differences(report["runs"])
-  rows = readme_rows()
+  rows = markdown_rows(REPO / "README.md", HEADER)
   assert set(rows) == {entry["label"] for entry in report["methods"]}
   for entry in report["methods"]:
     runs = sorted((run for run in report["runs"] if run["method"] == entry["method"]), key=lambda run: run["seed"])

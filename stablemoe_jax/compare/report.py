@@ -336,10 +336,10 @@ def health_note(rows: list[dict]) -> str:
   return note
 
 
-def paired_section(records: list[dict], labels: dict[str, str], pairs: dict[str, str] | None = None) -> str:
-  """The paired differences against dense (same seeds), or against each ablation's baseline (``compare.pairs``);
-  "" when no method has its baseline's runs."""
-  table = paired.markdown(paired.paired_differences(records, pairs=pairs), labels)
+def paired_section(differences: dict[str, dict], labels: dict[str, str], pairs: dict[str, str] | None = None) -> str:
+  """The paired differences (``paired.paired_differences``) against dense (same seeds), or against each ablation's
+  baseline (``compare.pairs``); "" when no method has its baseline's runs."""
+  table = paired.markdown(differences, labels)
   if not table:
     return ""
   against = "its baseline" if pairs else "dense"
@@ -348,9 +348,10 @@ def paired_section(records: list[dict], labels: dict[str, str], pairs: dict[str,
           "the interval excludes 0.\n\n" + table)
 
 
-def sets_section(rows: list[dict], records: list[dict], pairs: dict[str, str] | None = None) -> str:
+def sets_section(rows: list[dict], differences: dict[str, dict], pairs: dict[str, str] | None = None) -> str:
   """The named held-out sets (``data.eval_sets``, e.g. the union corpus's sources): each method's valid and test
-  perplexity per set (mean over seeds) and the paired valid differences; "" when the runs scored no named set."""
+  perplexity per set (mean over seeds) and the paired valid differences (``paired.paired_differences``); "" when
+  the runs scored no named set."""
   scored = [row for row in rows if row.get("sets")]
   if not scored:
     return ""
@@ -360,11 +361,18 @@ def sets_section(rows: list[dict], records: list[dict], pairs: dict[str, str] | 
   lines += ["| " + " | ".join([row["label"], *(f"{row['sets'][n]['valid_mean']:.2f} / {row['sets'][n]['test_mean']:.2f}"
                                                for n in names)]) + " |" for row in scored]
   labels = {r["method"]: r["label"] for r in rows}
-  differences = paired.sets_markdown(paired.paired_differences(records, pairs=pairs), labels)
+  set_differences = paired.sets_markdown(differences, labels)
   return ("\n## Per held-out set\n\nEach named set scored on its own (every token, as the splits), perplexity mean "
           "over seeds.\n\n" + "\n".join(lines) + "\n"
           + (f"\nPaired against {'its baseline' if pairs else 'dense'} (valid PPL, same seeds; 95% Student-t "
-             f"interval):\n\n{differences}" if differences else ""))
+             f"interval):\n\n{set_differences}" if set_differences else ""))
+
+
+def paired_sections(config, rows: list[dict], records: list[dict], labels: dict[str, str]) -> str:
+  """The paired section and the per-set section, from one pairing of the runs (``compare.pairs``, or dense)."""
+  pairs = pairs_of(config)
+  differences = paired.paired_differences(records, pairs=pairs)
+  return paired_section(differences, labels, pairs) + sets_section(rows, differences, pairs)
 
 
 def pairs_of(config) -> dict[str, str] | None:
@@ -383,8 +391,7 @@ def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[di
       {"config": json.loads(config.to_json_best_effort()), "methods": rows, "runs": records}, indent=2))
   (workdir / "comparison.md").write_text(
       "# Comparison\n\n" + budget_note(config, rows) + devices_note(rows) + "\n" + markdown_table(rows) + "\n"
-      + health_note(rows) + paired_section(records, {r["method"]: r["label"] for r in rows}, pairs_of(config))
-      + sets_section(rows, records, pairs_of(config))
+      + health_note(rows) + paired_sections(config, rows, records, {r["method"]: r["label"] for r in rows})
       + write_convergence_plot(rows, workdir / "convergence.png")
       + write_fluctuation_plot(rows, workdir / "fluctuation.png"))
   return rows

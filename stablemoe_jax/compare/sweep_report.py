@@ -9,7 +9,7 @@ from typing import Callable
 
 from stablemoe_jax.compare.figures import write_convergence_plot, write_fluctuation_plot, write_token_plot
 from stablemoe_jax.compare.report import (budget_note, devices_note, health_note, markdown_table, method_rows,
-                                          paired_section, pairs_of, sets_section, table_columns)
+                                          paired_sections, table_columns)
 from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings
 
@@ -108,8 +108,7 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
   if rows:
     text += ["## At each method's choice\n", budget_note(config, rows), devices_note(rows),
              markdown_table(rows, sweep_columns(rows)), health_note(rows),
-             paired_section(result["records"], labels, pairs_of(config)),
-             sets_section(rows, result["records"], pairs_of(config)),
+             paired_sections(config, rows, result["records"], labels),
              write_token_plot(rows, workdir / "validation_tokens.png"),
              write_convergence_plot(rows, workdir / "convergence.png"),
              write_fluctuation_plot(rows, workdir / "fluctuation.png")]

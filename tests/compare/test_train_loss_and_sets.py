@@ -58,12 +58,12 @@ def test_report_shows_the_training_loss_and_each_sets_perplexity_per_method():
   table = report.markdown_table(rows)
   assert "train loss (last 20% of steps)" in table.splitlines()[0]
   assert "| 5.100 ± 0.141 |" in table.splitlines()[2] and "| 4.950 ± 0.071 |" in table.splitlines()[3]
-  section = report.sets_section(rows, RECORDS)
+  section = report.sets_section(rows, paired.paired_differences(RECORDS))
   assert "| method | ptb valid / test PPL | bible_es valid / test PPL |" in section
   assert "| Dense | 105.00 / 115.00 | 42.00 / 52.00 |" in section
   assert "| Switch | 99.90 / 109.90 | 41.00 / 51.00 |" in section
   assert f"| Switch | Dense | 0, 1 | -5.10 [{-5.1 - T_975_1 * 0.1:+.2f}, {-5.1 + T_975_1 * 0.1:+.2f}] (lower) |" in section
   assert report.sets_section(report.method_rows([{**r, "summary": {**r["summary"], "sets": {}}} for r in RECORDS]),
-                             RECORDS) == ""
-  paired_table = report.paired_section(RECORDS, {"switch": "Switch", "dense": "Dense"})
+                             paired.paired_differences(RECORDS)) == ""
+  paired_table = report.paired_section(paired.paired_differences(RECORDS), {"switch": "Switch", "dense": "Dense"})
   assert "train loss difference [95% CI]" in paired_table and "| -0.150 [" in paired_table

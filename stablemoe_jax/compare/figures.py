@@ -15,6 +15,19 @@ def device_counts(rows: list[dict]) -> collections.Counter:
   return collections.Counter(label for row in rows for label in row.get("devices", []))
 
 
+def curve_scope(rows: list[dict]) -> str:
+  """What the curves' points score: "" for the whole validation split, else "first N batches" (``train.eval_batches``
+  of the runs, "N / M" if methods differ)."""
+  scopes = sorted({row.get("curve_batches", 0) for row in rows})
+  return "" if scopes == [0] else f"first {' / '.join(str(n) if n else 'all' for n in scopes)} batches"
+
+
+def validation_label(rows: list[dict]) -> str:
+  """The validation axis's label."""
+  scope = curve_scope(rows)
+  return f"validation perplexity{', ' + scope if scope else ''} (mean over seeds)"
+
+
 def _plot_validation(rows: list[dict], key: str, x_scale: float, x_label: str, path: pathlib.Path) -> None:
   """One log-scale curve per method of ``row[key]`` ([[x, valid perplexity], ...], x divided by ``x_scale``)."""
   plt = plot.pyplot()
@@ -23,7 +36,7 @@ def _plot_validation(rows: list[dict], key: str, x_scale: float, x_label: str, p
     curve = np.asarray(row[key])
     axes.plot(curve[:, 0] / x_scale, curve[:, 1], marker="o", markersize=3, label=row["label"])
   axes.set_xlabel(x_label)
-  axes.set_ylabel("validation perplexity (mean over seeds)")
+  axes.set_ylabel(validation_label(rows))
   axes.set_yscale("log")
   for axis_format in (axes.yaxis.set_major_formatter, axes.yaxis.set_minor_formatter):
     axis_format("{x:.0f}")  # plain perplexities, not powers of ten
@@ -46,7 +59,11 @@ def write_token_plot(rows: list[dict], path: pathlib.Path) -> str:
   if not rows:
     return ""
   _plot_validation(rows, "token_curve", 1e6, "scored training tokens (millions; translation: target tokens)", path)
-  return f"\n![validation perplexity against training tokens]({path.name})\n"
+  scope = curve_scope(rows)
+  scope = (f"\nEach point scores the in-training validation ({scope} of the split), the same for every method; "
+           "where the final validation (the table's) scores other batches, it is not a point of the curves.\n"
+           if scope else "")
+  return f"\n![validation perplexity against training tokens]({path.name})\n{scope}"
 
 
 def _curve_label(row: dict) -> str:

@@ -172,6 +172,7 @@ def method_rows(records: list[dict]) -> list[dict]:
         "health": _method_health(runs),
         "eval": summaries[0].get("eval"),
         "devices": [_device_label(s) for s in summaries],
+        "curve_batches": first.get("curve_batches", 0),
         "curve": _mean_curve([r["curve"] for r in runs]),
         "token_curve": (_mean_curve([r["token_curve"] for r in runs])
                         if all(r.get("token_curve") for r in runs) else None),

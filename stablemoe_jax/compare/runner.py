@@ -51,18 +51,37 @@ def model_costs(config: ml_collections.ConfigDict, directory: pathlib.Path) -> d
           "flops_per_token": flops_lib.forward_flops_per_token(params, exp.config.train.seq_len, top_k=top_k)}
 
 
-def validation_curves(records: list[dict], summary: dict, tokens_per_step: int) -> dict[str, list[list[float]]]:
+def validation_curves(records: list[dict], summary: dict, tokens_per_step: int,
+                      final_measured_alike: bool = True) -> dict[str, list[list[float]]]:
   """From the run's metrics.jsonl records: at every in-training validation, then the final one, ``"curve"``
-  [[training seconds, valid perplexity], ...] and ``"token_curve"`` [[training tokens, valid perplexity], ...]."""
+  [[training seconds, valid perplexity], ...] and ``"token_curve"`` [[training tokens, valid perplexity], ...].
+
+  ``final_measured_alike``: whether the final validation scores what the in-training ones score. When it does not
+  (in-training on the first ``train.eval_batches`` batches, the final on the whole split), the final point is left
+  off: a curve of two measures would show their difference as a change in the model (translation's first 10
+  batches are its easiest pairs). It stays the only point of a run that validated nowhere else."""
   valid = [r for r in records if "valid/perplexity" in r]
   final = summary["valid"]["perplexity"]
   # Scored tokens (translation: real target tokens) where the run logged them, else every position of its steps.
   counted = [r["trained_tokens"] for r in records if "trained_tokens" in r and r["step"] == summary["steps"]]
   tokens = lambda r: r.get("trained_tokens", r["step"] * tokens_per_step)
+  with_final = final_measured_alike or not valid
   return {"curve": [[r["train_seconds"], r["valid/perplexity"]] for r in valid if "train_seconds" in r]
-                   + [[summary["train_seconds"], final]],
+                   + ([[summary["train_seconds"], final]] if with_final else []),
           "token_curve": [[tokens(r), r["valid/perplexity"]] for r in valid]
-                         + [[counted[-1] if counted else summary["steps"] * tokens_per_step, final]]}
+                         + ([[counted[-1] if counted else summary["steps"] * tokens_per_step, final]]
+                            if with_final else [])}
+
+
+def curve_batches(run_config: ml_collections.ConfigDict) -> int:
+  """The validation batches each point of a run's curves scores: ``train.eval_batches`` (0: the whole split)."""
+  return max(int(run_config.train.eval_batches), 0)
+
+
+def final_measured_alike(run_config: ml_collections.ConfigDict) -> bool:
+  """Whether a run's final validation (``eval.max_batches``, 0: the whole split) scores the same batches as its
+  in-training ones (``train.eval_batches``)."""
+  return curve_batches(run_config) == max(int(run_config.eval.max_batches), 0)
 
 
 TRAIN_LOSS_TAIL = 0.2  # the training loss reported: the mean logged task loss over the last 20% of the steps
@@ -204,7 +223,9 @@ def run_record(name: str, run_config: ml_collections.ConfigDict, seed_index: int
   return {"method": name, "label": METHODS[name].label, "seed_index": seed_index, "seed": run_config.seed,
           "overrides": METHODS[name].overrides, "workdir": str(source), "summary": summary,
           "fluctuation": shares, "train_loss": training_loss(records, summary["steps"]),
-          **validation_curves(records, summary, run_config.train.batch_size * run_config.train.seq_len), **costs}
+          "curve_batches": curve_batches(run_config),
+          **validation_curves(records, summary, run_config.train.batch_size * run_config.train.seq_len,
+                              final_measured_alike(run_config)), **costs}
 
 
 def log_result(log, tag: str, status: str, summary: dict) -> None:

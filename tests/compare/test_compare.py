@@ -64,6 +64,30 @@ def test_no_convergence_plot_when_the_runs_trained_on_different_devices(tmp_path
   assert (tmp_path / "convergence.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_curves_leave_off_a_final_validation_that_scores_other_batches(tmp_path):
+  records = [{"step": 4, "valid/perplexity": 30.0, "train_seconds": 10.0, "trained_tokens": 400.0},
+             {"step": 8, "valid/perplexity": 20.0, "train_seconds": 20.0, "trained_tokens": 800.0},
+             {"step": 10, "trained_tokens": 1000.0}]
+  summary = {"steps": 10, "train_seconds": 25.0, "valid": {"perplexity": 24.0}}
+  alike = runner.validation_curves(records, summary, tokens_per_step=100, final_measured_alike=True)
+  assert alike == {"curve": [[10.0, 30.0], [20.0, 20.0], [25.0, 24.0]],
+                   "token_curve": [[400.0, 30.0], [800.0, 20.0], [1000.0, 24.0]]}
+  # The final scores the whole split, the in-training points a prefix: the final point is not on their curve.
+  prefix = runner.validation_curves(records, summary, tokens_per_step=100, final_measured_alike=False)
+  assert prefix == {"curve": [[10.0, 30.0], [20.0, 20.0]], "token_curve": [[400.0, 30.0], [800.0, 20.0]]}
+  # A run that validated only at the end keeps that one point.
+  assert runner.validation_curves(records[2:], summary, 100, final_measured_alike=False)["token_curve"] == [[1000.0, 24.0]]
+
+  config = ml_collections.ConfigDict({"train": {"eval_batches": 10}, "eval": {"max_batches": 0}})
+  assert runner.curve_batches(config) == 10 and not runner.final_measured_alike(config)
+  config.train.eval_batches = 0
+  assert runner.curve_batches(config) == 0 and runner.final_measured_alike(config)
+  rows = [{"label": "dense", "curve_batches": 10, "token_curve": prefix["token_curve"]}]
+  line = figures.write_token_plot(rows, tmp_path / "tokens.png")
+  assert (tmp_path / "tokens.png").exists() and "first 10 batches" in line and "not a point of the curves" in line
+  assert figures.validation_label([{"curve_batches": 0}]) == "validation perplexity (mean over seeds)"
+
+
 def test_fluctuation_curve_is_the_mean_of_the_runs_that_kept_one():
   """Runs exported before curves were kept (shares only) are left out of the mean, and the plot's label says so."""
   def run(first, middle):
@@ -104,6 +128,7 @@ def test_k_set_column_shows_the_mean_k_set_shares_only_for_top_k_rows():
 @pytest.mark.slow
 def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, prepared_ptb, tmp_path):
   config = _compare_config(tiny_config, "stablemoe,dense", seeds=2)
+  config.train.eval_batches = config.eval.max_batches  # in-training and final validation alike: one curve
   # The runner shares workdir/data between its runs: here the session's prepared corpus, for the killed run too.
   share_prepared_ptb(prepared_ptb, tmp_path, runner.run_dir(tmp_path, "dense", 1))
   config.analysis.record_every = 3  # routing records at steps 0, 3, ..., 12: the fluctuation column

@@ -1,0 +1,81 @@
+"""The paper's Table 4 at laptop scale (README.md, "Table 4: each method at its best") says what the committed sweep
+measured: each row's choice, seeds, validation NLL, BLEU (average and per pair), training loss, paired intervals
+against dense, and each MoE layer's worth and verdict are recomputed from ``results/tune_mt_cpu/comparison.json``
+(the runs' own summaries), and a method whose seeds are in the report cannot stay marked as not finished."""
+from __future__ import annotations
+
+import json
+
+from tests.compare.doc_tables import markdown_rows
+from tests.conftest import REPO
+
+from stablemoe_jax.compare import paired
+
+REPORT = REPO / "results" / "tune_mt_cpu" / "comparison.json"
+HEADER = "| method (Table 4 at laptop scale, 1,000 steps) | chosen lr (seed 0) |"
+# The table's label of each method (the README's words) -> the method's name in the sweep.
+LABELS = {
+    "StableMoE (dot routing, `balance_scope=all`)": "stablemoe",
+    "dense Transformer (same shared layers)": "dense",
+    "Switch Transformer": "switch",
+    "BASE Layer": "base",
+    "Hash Layer": "hash",
+    "dense of the MoE's FLOPs a token": "dense_flops",
+}
+PAIRS = ("de-en", "fr-en", "cs-en", "es-en")
+LAYERS = ("encoder_moe_0", "decoder_moe_0")
+
+
+def _interval(stats: dict, digits: int) -> str:
+  return f"{stats['mean']:+.{digits}f} [{stats['low']:+.{digits}f}, {stats['high']:+.{digits}f}]"
+
+
+def choice_cell(choice: dict | None) -> str:
+  """The table's words for a method's choice (None: its grid is not finished)."""
+  return f"{choice['learning_rate']:.0e}".replace("e-0", "e-") if choice else "grid not finished"
+
+
+def layer_cells(runs: list[dict]) -> list[str]:
+  """Each layer's worth (valid PPL increase without it) per seed, and the layers the verdict finds dead."""
+  worth = " / ".join(", ".join(f"{run['summary']['health']['contribution']['layers'][layer]['relative_perplexity_increase']:+.1%}"
+                               for run in runs) for layer in LAYERS)
+  dead = [f"seed {run['seed']} {layer.split('_')[0]}" for run in runs for layer in run["summary"]["health"]["dead_layers"]]
+  return [worth, ", ".join(dead) or "none"]
+
+
+def expected_cells(report: dict, method: str) -> list[str]:
+  """The row the committed report gives ``method`` (every cell after the label)."""
+  entry = next(e for e in report["methods"] if e["method"] == method)
+  runs = sorted((run for run in report["runs"] if run["method"] == method), key=lambda run: run["seed"])
+  against = paired.paired_differences(report["runs"]).get(method)
+  moe = method not in ("dense", "dense_flops")
+  return [choice_cell(report["choices"][method]), ", ".join(str(run["seed"]) for run in runs),
+          f"{entry['valid_loss_mean']:.3f} ± {entry['valid_loss_std']:.3f}",
+          f"{entry['bleu_average_mean']:.2f} ± {entry['bleu_average_std']:.2f}",
+          " / ".join(f"{entry['bleu_per_pair'][pair]:.2f}" for pair in PAIRS),
+          f"{entry['train_loss_mean']:.3f} ± {entry['train_loss_std']:.3f}",
+          _interval(against["valid_nll"], 3) if against else "--",
+          _interval(against["bleu"], 2) if against else "--",
+          *(layer_cells(runs) if moe else ["--", "--"])]
+
+
+def test_table4_is_the_committed_report():
+  report = json.loads(REPORT.read_text())
+  rows = markdown_rows(REPO / "README.md", HEADER)
+  assert set(rows) == set(LABELS), f"README's Table 4 rows: {sorted(rows)}; expected {sorted(LABELS)}"
+  reported = {entry["method"] for entry in report["methods"] if entry["seeds"]}
+  for label, cells in rows.items():
+    method = LABELS[label]
+    if method in reported:
+      assert cells == expected_cells(report, method), f"README's {label} row differs from {REPORT.relative_to(REPO)}"
+    else:
+      assert cells[0] == choice_cell(report["choices"].get(method)), f"{label}: its choice is not the report's"
+      assert set(cells[1:]) == {"--"}, f"{label} has numbers but no reported seeds in {REPORT.relative_to(REPO)}"
+
+
+def test_table4_report_is_the_committed_runs():
+  """The committed report is the runs in results/tune_mt_cpu: every reported run's summary is the one on disk."""
+  report = json.loads(REPORT.read_text())
+  for run in report["runs"]:
+    summary = json.loads((REPO / run["workdir"] / "summary.json").read_text())
+    assert summary["valid"] == run["summary"]["valid"] and summary["bleu"] == run["summary"]["bleu"]

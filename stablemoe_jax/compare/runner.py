@@ -59,7 +59,7 @@ def validation_curves(records: list[dict], summary: dict, tokens_per_step: int,
   ``final_measured_alike``: whether the final validation scores what the in-training ones score. When it does not
   (in-training on the first ``train.eval_batches`` batches, the final on the whole split), the final point is left
   off: a curve of two measures would show their difference as a change in the model (translation's first 10
-  batches are its easiest pairs). It stays the only point of a run that validated nowhere else."""
+  batches hold only de-en's and fr-en's pairs). It stays the only point of a run that validated nowhere else."""
   valid = [r for r in records if "valid/perplexity" in r]
   final = summary["valid"]["perplexity"]
   # Scored tokens (translation: real target tokens) where the run logged them, else every position of its steps.
@@ -73,15 +73,34 @@ def validation_curves(records: list[dict], summary: dict, tokens_per_step: int,
                             if with_final else [])}
 
 
-def curve_batches(run_config: ml_collections.ConfigDict) -> int:
-  """The validation batches each point of a run's curves scores: ``train.eval_batches`` (0: the whole split)."""
-  return max(int(run_config.train.eval_batches), 0)
+def split_batches(run_config: ml_collections.ConfigDict, summary: dict) -> int | None:
+  """How many batches the whole validation split has, where the run tells: the final validation's count when it
+  scored the whole split (``eval.max_batches`` 0) and recorded it; for a language-model run from before that was
+  recorded, its non-overlapping blocks of ``eval.seq_len`` predictions in ``eval.batch_size`` rows; else None."""
+  valid, whole = summary["valid"], int(run_config.eval.max_batches) <= 0
+  if "batches" in valid:
+    return valid["batches"] if whole or valid["batches"] < int(run_config.eval.max_batches) else None
+  mode = summary.get("eval") or {}
+  if whole and mode.get("mode") == "blocks" and mode.get("stride") in (0, mode.get("seq_len")):
+    rows = -(-valid["tokens"] // mode["seq_len"])
+    return -(-rows // int(run_config.eval.batch_size))
+  return None
 
 
-def final_measured_alike(run_config: ml_collections.ConfigDict) -> bool:
-  """Whether a run's final validation (``eval.max_batches``, 0: the whole split) scores the same batches as its
-  in-training ones (``train.eval_batches``)."""
-  return curve_batches(run_config) == max(int(run_config.eval.max_batches), 0)
+def _prefix(requested: int, total: int | None) -> int:
+  """The batches an evaluation of ``requested`` batches (<= 0: all) scores of a split of ``total``; 0: all of it."""
+  return 0 if requested <= 0 or (total is not None and requested >= total) else requested
+
+
+def curve_batches(run_config: ml_collections.ConfigDict, summary: dict) -> int:
+  """The validation batches each point of a run's curves scores (``train.eval_batches``); 0: the whole split."""
+  return _prefix(int(run_config.train.eval_batches), split_batches(run_config, summary))
+
+
+def final_measured_alike(run_config: ml_collections.ConfigDict, summary: dict) -> bool:
+  """Whether a run's final validation (``eval.max_batches``) scores the same batches as its in-training ones."""
+  return curve_batches(run_config, summary) == _prefix(int(run_config.eval.max_batches),
+                                                       split_batches(run_config, summary))
 
 
 TRAIN_LOSS_TAIL = 0.2  # the training loss reported: the mean logged task loss over the last 20% of the steps
@@ -223,9 +242,9 @@ def run_record(name: str, run_config: ml_collections.ConfigDict, seed_index: int
   return {"method": name, "label": METHODS[name].label, "seed_index": seed_index, "seed": run_config.seed,
           "overrides": METHODS[name].overrides, "workdir": str(source), "summary": summary,
           "fluctuation": shares, "train_loss": training_loss(records, summary["steps"]),
-          "curve_batches": curve_batches(run_config),
+          "curve_batches": curve_batches(run_config, summary),
           **validation_curves(records, summary, run_config.train.batch_size * run_config.train.seq_len,
-                              final_measured_alike(run_config)), **costs}
+                              final_measured_alike(run_config, summary)), **costs}
 
 
 def log_result(log, tag: str, status: str, summary: dict) -> None:

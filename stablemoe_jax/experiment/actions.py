@@ -169,6 +169,7 @@ def evaluate_and_judge(run: RunRecord, step: int, params) -> None:
       lambda p, n: exp.evaluate(p, "valid", n), params, eval_batches, full=valid)["layers"].items()}
   if run.writer:
     run.writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"],
+                            "valid/batches": valid["batches"],
                             **{f"moe/{layer}/contribution": value for layer, value in worth.items()},
                             "train_seconds": run.clock.seconds(),
                             "trained_tokens": run.trained_tokens + run.window.scored_tokens()})

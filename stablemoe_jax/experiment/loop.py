@@ -127,17 +127,18 @@ class Experiment:
     return step, state
 
   def evaluate(self, params, split: str, max_batches: int = 0) -> dict[str, float]:
-    """Perplexity on ``split`` with the inference routing; ``max_batches > 0`` evaluates a prefix."""
+    """Perplexity on ``split`` with the inference routing; ``max_batches > 0`` evaluates a prefix. Also the tokens
+    and the batches scored (fewer than ``max_batches`` when the split has fewer)."""
     batches: Iterable = mesh_lib.global_batches(
         self.task.eval_batches(self.data, self.config, split, stride=self.settings.eval.stride), self.mesh)
-    nll, tokens = 0.0, 0.0
-    for i, batch in enumerate(batches):
-      if max_batches > 0 and i >= max_batches:
+    nll, tokens, scored = 0.0, 0.0, 0
+    for batch in batches:
+      if 0 < max_batches <= scored:
         break
       sums = self.eval_step(params, batch)
-      nll, tokens = nll + sums["nll_sum"], tokens + sums["tokens"]
+      nll, tokens, scored = nll + sums["nll_sum"], tokens + sums["tokens"], scored + 1
     loss = float(nll) / max(float(tokens), 1.0)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "tokens": int(tokens)}
+    return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "tokens": int(tokens), "batches": scored}
 
   def eval_mode(self) -> dict:
     """How ``evaluate`` scores a split (the language model: non-overlapping blocks or sliding windows), and

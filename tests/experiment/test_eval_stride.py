@@ -78,6 +78,7 @@ def test_sliding_evaluation_equals_a_per_window_reference(tiny_config, prepared_
     count += seq_len - first_new
     scored_up_to = start + seq_len
   assert result["tokens"] == count == seq_len + (batch_size * max_batches - 1) * stride
+  assert result["batches"] == max_batches
   np.testing.assert_allclose(result["loss"], nll / count, rtol=2e-6)
 
 

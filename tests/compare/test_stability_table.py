@@ -1,0 +1,75 @@
+"""The routers-after-StableMoE stability table (README.md, "Does routing keep changing?"; the same table in
+docs/results.md) says what the committed sweep measured: each row's choice, seeds, perplexities, paired interval
+against dense, per-seed layer worth and the shares of tokens whose first expert, and whose set of k experts, last
+changed after 20/50/80% of training, recomputed from ``results/tune_routers_cpu/comparison.json`` (the report of
+``configs/tune_routers_cpu.py`` over the runs in ``results/tune_h100``)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from tests.compare.doc_tables import markdown_rows
+from tests.conftest import REPO
+
+from stablemoe_jax.compare import paired
+from stablemoe_jax.train.health import least_contribution
+
+REPORT = REPO / "results" / "tune_routers_cpu" / "comparison.json"
+HEADER = "| router (PTB, 850 steps) | chosen lr / warmup (seed 0) |"
+# The table's label of each method (the documents' words) -> the method's name in the sweep.
+LABELS = {
+    "dense Transformer": "dense",
+    "StableMoE, cosine routing (the CPU default)": "stablemoe_cosine",
+    "Switch Transformer (top-1)": "switch",
+    "BASE Layer": "base",
+    "Hash Layer": "hash",
+    "Switch Transformer, top-2": "switch_top2",
+    "DeepSeek-V3 bias-balanced sigmoid, top-2": "deepseek",
+    "DeepSeek-V3 bias-balanced sigmoid, top-2, one shared expert": "deepseek_shared",
+}
+
+
+def _shares(shares: dict | None) -> str:
+  return " / ".join(f"{shares[f'after_{p}']:.1%}" for p in (20, 50, 80)) if shares else "--"
+
+
+def choice_cell(choice: dict | None) -> str:
+  return f"{choice['learning_rate']} / {choice['warmup_steps']}" if choice else "grid not finished"
+
+
+def expected_cells(report: dict, method: str) -> list[str]:
+  """The row the committed report gives ``method`` (every cell after the label)."""
+  entry = next(e for e in report["methods"] if e["method"] == method)
+  runs = sorted((run for run in report["runs"] if run["method"] == method), key=lambda run: run["seed"])
+  against = paired.paired_differences(report["runs"]).get(method)
+  test = against["test"] if against else None
+  return [choice_cell(report["choices"][method]), ", ".join(str(run["seed"]) for run in runs),
+          f"{entry['valid_ppl_mean']:.2f} ± {entry['valid_ppl_std']:.2f}",
+          f"{entry['test_ppl_mean']:.2f} ± {entry['test_ppl_std']:.2f}",
+          f"{test['mean']:+.2f} [{test['low']:+.2f}, {test['high']:+.2f}]" if test else "--",
+          ", ".join(f"{least_contribution(run['summary']['health']):+.1%}" for run in runs) if against else "--",
+          _shares(entry["fluctuation"]),
+          _shares(entry["fluctuation_k_set"]) if entry["top_k"] > 1 else "--"]
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/results.md"])
+def test_stability_table_is_the_committed_report(document):
+  report = json.loads(REPORT.read_text())
+  rows = markdown_rows(REPO / document, HEADER)
+  assert set(rows) == set(LABELS), f"{document}'s stability rows: {sorted(rows)}; expected {sorted(LABELS)}"
+  reported = {entry["method"] for entry in report["methods"] if entry["seeds"]}
+  for label, cells in rows.items():
+    method = LABELS[label]
+    if method in reported:
+      assert cells == expected_cells(report, method), f"{document}: the {label} row differs from the report"
+    else:
+      assert cells[0] == choice_cell(report["choices"].get(method)), f"{document}: {label}'s choice"
+      assert set(cells[1:]) == {"--"}, f"{document}: {label} has numbers but no reported seeds in the report"
+
+
+def test_stability_report_is_the_committed_runs():
+  """Every run the report reads is committed, with the summary the report quotes."""
+  report = json.loads(REPORT.read_text())
+  for run in report["runs"]:
+    summary = json.loads((REPO / run["workdir"] / "summary.json").read_text())
+    assert summary["valid"] == run["summary"]["valid"] and summary["test"] == run["summary"]["test"]

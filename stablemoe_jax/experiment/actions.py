@@ -98,12 +98,17 @@ def scored_tokens(window: list[dict]) -> float:
   return float(sum(m.get("scored_tokens", 0.0) for m in window))
 
 
-def check_finite(loss: float, step: int, last_checkpoint: int | None) -> None:
-  """NonFiniteLossError, naming the checkpoint a rerun resumes from and the settings to change, unless ``loss``
-  is finite."""
-  if not math.isfinite(loss):
+def check_finite(values: dict, step: int, last_checkpoint: int | None) -> None:
+  """NonFiniteLossError, naming the checkpoint a rerun resumes from and the settings to change, unless the step
+  metrics ``values`` have a finite "loss" and (where present) "grad_norm": a finite loss with a non-finite gradient
+  has already made the updated parameters non-finite, so that state must not be saved either."""
+  loss, grad_norm = float(values["loss"]), values.get("grad_norm")
+  what = (f"the training loss is {loss}" if not math.isfinite(loss) else
+          f"the gradient norm is {float(grad_norm)} (the loss {loss:.4f} was finite; the update made the parameters "
+          f"non-finite)" if grad_norm is not None and not math.isfinite(float(grad_norm)) else None)
+  if what:
     raise NonFiniteLossError(
-        f"the training loss is {loss} at step {step}. No checkpoint was written after it; the last one is "
+        f"{what} at step {step}. No checkpoint was written after it; the last one is "
         f"step {last_checkpoint}, and rerunning resumes there. Lower --config.train.learning_rate, "
         f"lengthen --config.train.warmup_steps or tighten --config.train.clip_norm."
     )
@@ -138,7 +143,7 @@ def log_window(run: RunRecord, step: int) -> None:
   averaged["train_seconds"] = now
   run.trained_tokens += scored_tokens(window)
   averaged["trained_tokens"] = run.trained_tokens
-  check_finite(float(averaged["loss"]), step, run.last_checkpoint)
+  check_finite(averaged, step, run.last_checkpoint)
   if run.writer:
     run.writer.write(step, averaged)
   run.progress.set_postfix(loss=f"{averaged['task_loss']:.3f}", stage=int(averaged["stage"]),
@@ -178,13 +183,13 @@ def evaluate_and_judge(run: RunRecord, step: int, params) -> None:
   handle_collapses(run.guard, run.guard.observe_contribution(step, worth), run.last_checkpoint)
 
 
-def save(run: RunRecord, step: int, state: TrainState, loss, train_iter) -> None:
+def save(run: RunRecord, step: int, state: TrainState, metrics: dict, train_iter) -> None:
   """Saves a checkpoint of ``state`` and the position of ``train_iter`` (a grain iterator; async) unless the
-  step's ``loss`` is not finite, first logging the scored tokens a resumption from it starts from (when the
+  step's ``metrics`` (its loss, its gradient norm) are not finite, first logging the scored tokens a resumption from it starts from (when the
   window has steps).
 
   The clock runs on: the save's time (starting the async write) counts as training time, as it always has."""
-  check_finite(float(loss), step, run.last_checkpoint)
+  check_finite(metrics, step, run.last_checkpoint)
   if run.writer and run.window.metrics:
     run.writer.write(step, {"trained_tokens": run.trained_tokens + run.window.scored_tokens()})
   run.exp.checkpointer.save(step, state, train_iter.get_state())

@@ -238,7 +238,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       if stop_at_step is not None and step == stop_at_step:
         return {"stopped_at_step": step}
       if schedule.saves(step):
-        actions.save(run, step, state, metrics["loss"], train_iter)
+        actions.save(run, step, state, metrics, train_iter)
     run.progress.close()
     train_seconds = clock.seconds()
     summary = {

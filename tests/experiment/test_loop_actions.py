@@ -142,3 +142,14 @@ def test_train_seconds_leave_out_the_pauses_and_continue_across_a_resumption(
   assert evaluation["step"] == 6 and evaluation["train_seconds"] == 6.0
   assert summary["train_seconds"] == 12.0 and summary["tokens_per_second"] == 64.0
   assert summary["train_seconds_this_run"] == 8.0 + 2000.0  # steps 5-12 and the two pauses, in the resumed run
+
+
+def test_a_finite_loss_with_a_nan_gradient_is_stopped_before_its_state_is_saved():
+  """The step's update is made from its gradient: a NaN gradient norm with a finite loss (seen in a DeepSeek run at
+  lr 4e-3, step 400) has already made the parameters NaN, so neither the log window nor the save may pass it."""
+  actions.check_finite({"loss": 5.46, "grad_norm": 0.47}, 400, 200)  # finite: passes
+  actions.check_finite({"loss": 5.46}, 400, 200)  # no gradient norm recorded: the loss alone
+  with pytest.raises(NonFiniteLossError, match=r"gradient norm is nan \(the loss 5.4600 was finite.*last one is step 200"):
+    actions.check_finite({"loss": 5.46, "grad_norm": float("nan")}, 400, 200)
+  with pytest.raises(NonFiniteLossError, match="training loss is inf at step 400"):
+    actions.check_finite({"loss": float("inf"), "grad_norm": float("nan")}, 400, 200)

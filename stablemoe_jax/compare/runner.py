@@ -92,15 +92,12 @@ def _prefix(requested: int, total: int | None) -> int:
   return 0 if requested <= 0 or (total is not None and requested >= total) else requested
 
 
-def curve_batches(run_config: ml_collections.ConfigDict, summary: dict) -> int:
-  """The validation batches each point of a run's curves scores (``train.eval_batches``); 0: the whole split."""
-  return _prefix(int(run_config.train.eval_batches), split_batches(run_config, summary))
-
-
-def final_measured_alike(run_config: ml_collections.ConfigDict, summary: dict) -> bool:
-  """Whether a run's final validation (``eval.max_batches``) scores the same batches as its in-training ones."""
-  return curve_batches(run_config, summary) == _prefix(int(run_config.eval.max_batches),
-                                                       split_batches(run_config, summary))
+def validation_scope(run_config: ml_collections.ConfigDict, summary: dict) -> tuple[int, bool]:
+  """The validation batches each point of a run's curves scores (``train.eval_batches``; 0: the whole split), and
+  whether the final validation (``eval.max_batches``) scores the same ones."""
+  total = split_batches(run_config, summary)
+  in_training = _prefix(int(run_config.train.eval_batches), total)
+  return in_training, in_training == _prefix(int(run_config.eval.max_batches), total)
 
 
 TRAIN_LOSS_TAIL = 0.2  # the training loss reported: the mean logged task loss over the last 20% of the steps
@@ -239,12 +236,13 @@ def run_record(name: str, run_config: ml_collections.ConfigDict, seed_index: int
   saved = source / "fluctuation.json"
   shares = json.loads(saved.read_text()) if saved.exists() else routing_fluctuation(source)
   records = read_metrics(source)
+  curve_batches, final_measured_alike = validation_scope(run_config, summary)
   return {"method": name, "label": METHODS[name].label, "seed_index": seed_index, "seed": run_config.seed,
           "overrides": METHODS[name].overrides, "workdir": str(source), "summary": summary,
           "fluctuation": shares, "train_loss": training_loss(records, summary["steps"]),
-          "curve_batches": curve_batches(run_config, summary),
+          "curve_batches": curve_batches,
           **validation_curves(records, summary, run_config.train.batch_size * run_config.train.seq_len,
-                              final_measured_alike(run_config, summary)), **costs}
+                              final_measured_alike), **costs}
 
 
 def log_result(log, tag: str, status: str, summary: dict) -> None:

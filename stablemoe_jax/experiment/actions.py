@@ -103,15 +103,17 @@ def check_finite(values: dict, step: int, last_checkpoint: int | None) -> None:
   metrics ``values`` have a finite "loss" and (where present) "grad_norm": a finite loss with a non-finite gradient
   has already made the updated parameters non-finite, so that state must not be saved either."""
   loss, grad_norm = float(values["loss"]), values.get("grad_norm")
-  what = (f"the training loss is {loss}" if not math.isfinite(loss) else
-          f"the gradient norm is {float(grad_norm)} (the loss {loss:.4f} was finite; the update made the parameters "
-          f"non-finite)" if grad_norm is not None and not math.isfinite(float(grad_norm)) else None)
-  if what:
-    raise NonFiniteLossError(
-        f"{what} at step {step}. No checkpoint was written after it; the last one is "
-        f"step {last_checkpoint}, and rerunning resumes there. Lower --config.train.learning_rate, "
-        f"lengthen --config.train.warmup_steps or tighten --config.train.clip_norm."
-    )
+  if not math.isfinite(loss):
+    what = f"the training loss is {loss}"
+  elif grad_norm is not None and not math.isfinite(float(grad_norm)):
+    what = (f"the gradient norm is {float(grad_norm)} (the loss {loss:.4f} was finite; the update made the "
+            "parameters non-finite)")
+  else:
+    return
+  raise NonFiniteLossError(
+      f"{what} at step {step}. No checkpoint was written after it; the last one is step {last_checkpoint}, and "
+      f"rerunning resumes there. Lower --config.train.learning_rate, lengthen --config.train.warmup_steps or tighten "
+      f"--config.train.clip_norm.")
 
 
 def handle_collapses(guard: health_lib.CollapseGuard, collapses: list[health_lib.Collapse],
@@ -174,7 +176,6 @@ def evaluate_and_judge(run: RunRecord, step: int, params) -> None:
       lambda p, n: exp.evaluate(p, "valid", n), params, eval_batches, full=valid)["layers"].items()}
   if run.writer:
     run.writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"],
-                            "valid/batches": valid["batches"],
                             **{f"moe/{layer}/contribution": value for layer, value in worth.items()},
                             "train_seconds": run.clock.seconds(),
                             "trained_tokens": run.trained_tokens + run.window.scored_tokens()})
@@ -185,8 +186,8 @@ def evaluate_and_judge(run: RunRecord, step: int, params) -> None:
 
 def save(run: RunRecord, step: int, state: TrainState, metrics: dict, train_iter) -> None:
   """Saves a checkpoint of ``state`` and the position of ``train_iter`` (a grain iterator; async) unless the
-  step's ``metrics`` (its loss, its gradient norm) are not finite, first logging the scored tokens a resumption from it starts from (when the
-  window has steps).
+  step's ``metrics`` (its loss, its gradient norm) are not finite, first logging the scored tokens a resumption
+  from it starts from (when the window has steps).
 
   The clock runs on: the save's time (starting the async write) counts as training time, as it always has."""
   check_finite(metrics, step, run.last_checkpoint)

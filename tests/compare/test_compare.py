@@ -81,24 +81,23 @@ def test_curves_leave_off_a_final_validation_that_scores_other_batches(tmp_path)
   # Which batches a run's points score: train.eval_batches against the split's batches, where the run tells them.
   config = ml_collections.ConfigDict({"train": {"eval_batches": 10}, "eval": {"max_batches": 0, "batch_size": 32}})
   recorded = {"valid": {"tokens": 58322, "batches": 18}, "eval": {"mode": "teacher_forced_sentences"}}
-  assert runner.curve_batches(config, recorded) == 10 and not runner.final_measured_alike(config, recorded)
+  assert runner.validation_scope(config, recorded) == (10, False)
   config.train.eval_batches = 18  # every batch of the split: the whole split, as the final scores it
-  assert runner.curve_batches(config, recorded) == 0 and runner.final_measured_alike(config, recorded)
+  assert runner.validation_scope(config, recorded) == (0, True)
   # An LM run from before the batches were recorded: 73,759 predictions in blocks of 128 are 577 rows, 19 batches
   # of 32 rows; 20 in-training batches are all of them.
   old_lm = {"valid": {"tokens": 73759}, "eval": {"mode": "blocks", "seq_len": 128, "stride": 128}}
   assert runner.split_batches(config, old_lm) == 19
   for eval_batches, scope in ((20, 0), (19, 0), (18, 18), (0, 0)):
     config.train.eval_batches = eval_batches
-    assert runner.curve_batches(config, old_lm) == scope
-    assert runner.final_measured_alike(config, old_lm) == (scope == 0)
+    assert runner.validation_scope(config, old_lm) == (scope, scope == 0)
   # A run whose split size is not told (an old translation run) is judged by the numbers asked for.
   untold = {"valid": {"tokens": 58322}, "eval": {"mode": "teacher_forced_sentences"}}
   config.train.eval_batches = 20
-  assert runner.split_batches(config, untold) is None and not runner.final_measured_alike(config, untold)
+  assert runner.split_batches(config, untold) is None and runner.validation_scope(config, untold) == (20, False)
   # A final validation of a prefix: alike only with the same prefix in training.
   config.eval.max_batches = 20
-  assert runner.final_measured_alike(config, untold)
+  assert runner.validation_scope(config, untold) == (20, True)
   # A final prefix that scored fewer batches than asked tells the split's size; as many as asked does not.
   assert runner.split_batches(config, recorded) == 18
   config.eval.max_batches = 18
@@ -174,7 +173,7 @@ def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, pre
     assert row["valid_ppl"] == ppl and row["valid_ppl_mean"] == pytest.approx(sum(ppl) / 2)
     assert row["valid_ppl_std"] == pytest.approx(abs(ppl[0] - ppl[1]) / 2 ** 0.5)
     # Curves: the in-training validation at step 6, then the final one (both the split's first 4 batches, as the
-    # summary and the log record them), at growing training time.
+    # summary records them), at growing training time.
     assert all(r["summary"]["valid"]["batches"] == 4 and r["curve_batches"] == 4 for r in runs)
     assert len(row["curve"]) == 2 and row["curve"][0][0] < row["curve"][1][0]
   assert dense["expert_params"] == 0 and stable["expert_params"] > 0

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.compare.doc_tables import markdown_rows
+from tests.compare.doc_tables import interval_cell, markdown_rows
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired
@@ -15,10 +15,6 @@ from stablemoe_jax.train.health import least_contribution
 
 REPORT = REPO / "results" / "lm_multi_cpu" / "comparison.json"
 HEADER = "| method (union corpus, 850 steps) | seeds |"
-
-
-def _interval(stats: dict, digits: int) -> str:
-  return f"{stats['mean']:+.{digits}f} [{stats['low']:+.{digits}f}, {stats['high']:+.{digits}f}]"
 
 
 def test_probe_table_is_the_committed_report():
@@ -33,8 +29,8 @@ def test_probe_table_is_the_committed_report():
                 f"{entry['train_loss_mean']:.3f} ± {entry['train_loss_std']:.3f}",
                 f"{entry['valid_ppl_mean']:.2f} ± {entry['valid_ppl_std']:.2f}",
                 f"{entry['test_ppl_mean']:.2f} ± {entry['test_ppl_std']:.2f}",
-                _interval(against["train_loss"], 3) if against else "--",
-                _interval(against["valid"], 2) if against else "--",
+                interval_cell(against["train_loss"], 3) if against else "--",
+                interval_cell(against["valid"], 2) if against else "--",
                 ", ".join(f"{least_contribution(run['summary']['health']):+.2%}" for run in runs) if against else "--"]
     assert rows[entry["label"]] == expected, f"README's {entry['label']} row differs from {REPORT.relative_to(REPO)}"
   # The training loss in the report is the runs' own: the mean task loss of the last 20% of steps in metrics.jsonl.

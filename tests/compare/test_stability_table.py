@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.compare.doc_tables import markdown_rows
+from tests.compare.doc_tables import (check_report_is_committed_runs, check_rows_are_report, interval_cell,
+                                      markdown_rows)
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired
@@ -46,7 +47,7 @@ def expected_cells(report: dict, method: str) -> list[str]:
   return [choice_cell(report["choices"][method]), ", ".join(str(run["seed"]) for run in runs),
           f"{entry['valid_ppl_mean']:.2f} ± {entry['valid_ppl_std']:.2f}",
           f"{entry['test_ppl_mean']:.2f} ± {entry['test_ppl_std']:.2f}",
-          f"{test['mean']:+.2f} [{test['low']:+.2f}, {test['high']:+.2f}]" if test else "--",
+          interval_cell(test, 2) if test else "--",
           ", ".join(f"{least_contribution(run['summary']['health']):+.1%}" for run in runs) if against else "--",
           _shares(entry["fluctuation"]),
           _shares(entry["fluctuation_k_set"]) if entry["top_k"] > 1 else "--"]
@@ -54,22 +55,10 @@ def expected_cells(report: dict, method: str) -> list[str]:
 
 @pytest.mark.parametrize("document", ["README.md", "docs/results.md"])
 def test_stability_table_is_the_committed_report(document):
-  report = json.loads(REPORT.read_text())
-  rows = markdown_rows(REPO / document, HEADER)
-  assert set(rows) == set(LABELS), f"{document}'s stability rows: {sorted(rows)}; expected {sorted(LABELS)}"
-  reported = {entry["method"] for entry in report["methods"] if entry["seeds"]}
-  for label, cells in rows.items():
-    method = LABELS[label]
-    if method in reported:
-      assert cells == expected_cells(report, method), f"{document}: the {label} row differs from the report"
-    else:
-      assert cells[0] == choice_cell(report["choices"].get(method)), f"{document}: {label}'s choice"
-      assert set(cells[1:]) == {"--"}, f"{document}: {label} has numbers but no reported seeds in the report"
+  check_rows_are_report(markdown_rows(REPO / document, HEADER), LABELS, json.loads(REPORT.read_text()),
+                        expected_cells, choice_cell, f"{document}'s stability table")
 
 
 def test_stability_report_is_the_committed_runs():
   """Every run the report reads is committed, with the summary the report quotes."""
-  report = json.loads(REPORT.read_text())
-  for run in report["runs"]:
-    summary = json.loads((REPO / run["workdir"] / "summary.json").read_text())
-    assert summary["valid"] == run["summary"]["valid"] and summary["test"] == run["summary"]["test"]
+  check_report_is_committed_runs(json.loads(REPORT.read_text()), REPO, ("valid", "test"))

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from tests.compare.doc_tables import markdown_rows
+from tests.compare.doc_tables import (check_report_is_committed_runs, check_rows_are_report, interval_cell,
+                                      markdown_rows)
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired
@@ -24,10 +25,6 @@ LABELS = {
 }
 PAIRS = ("de-en", "fr-en", "cs-en", "es-en")
 LAYERS = ("encoder_moe_0", "decoder_moe_0")
-
-
-def _interval(stats: dict, digits: int) -> str:
-  return f"{stats['mean']:+.{digits}f} [{stats['low']:+.{digits}f}, {stats['high']:+.{digits}f}]"
 
 
 def choice_cell(choice: dict | None) -> str:
@@ -54,28 +51,16 @@ def expected_cells(report: dict, method: str) -> list[str]:
           f"{entry['bleu_average_mean']:.2f} ± {entry['bleu_average_std']:.2f}",
           " / ".join(f"{entry['bleu_per_pair'][pair]:.2f}" for pair in PAIRS),
           f"{entry['train_loss_mean']:.3f} ± {entry['train_loss_std']:.3f}",
-          _interval(against["valid_nll"], 3) if against else "--",
-          _interval(against["bleu"], 2) if against else "--",
+          interval_cell(against["valid_nll"], 3) if against else "--",
+          interval_cell(against["bleu"], 2) if against else "--",
           *(layer_cells(runs) if moe else ["--", "--"])]
 
 
 def test_table4_is_the_committed_report():
-  report = json.loads(REPORT.read_text())
-  rows = markdown_rows(REPO / "README.md", HEADER)
-  assert set(rows) == set(LABELS), f"README's Table 4 rows: {sorted(rows)}; expected {sorted(LABELS)}"
-  reported = {entry["method"] for entry in report["methods"] if entry["seeds"]}
-  for label, cells in rows.items():
-    method = LABELS[label]
-    if method in reported:
-      assert cells == expected_cells(report, method), f"README's {label} row differs from {REPORT.relative_to(REPO)}"
-    else:
-      assert cells[0] == choice_cell(report["choices"].get(method)), f"{label}: its choice is not the report's"
-      assert set(cells[1:]) == {"--"}, f"{label} has numbers but no reported seeds in {REPORT.relative_to(REPO)}"
+  check_rows_are_report(markdown_rows(REPO / "README.md", HEADER), LABELS, json.loads(REPORT.read_text()),
+                        expected_cells, choice_cell, "README's Table 4")
 
 
 def test_table4_report_is_the_committed_runs():
   """The committed report is the runs in results/tune_mt_cpu: every reported run's summary is the one on disk."""
-  report = json.loads(REPORT.read_text())
-  for run in report["runs"]:
-    summary = json.loads((REPO / run["workdir"] / "summary.json").read_text())
-    assert summary["valid"] == run["summary"]["valid"] and summary["bleu"] == run["summary"]["bleu"]
+  check_report_is_committed_runs(json.loads(REPORT.read_text()), REPO, ("valid", "bleu"))

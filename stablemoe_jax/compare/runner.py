@@ -14,6 +14,7 @@ import numpy as np
 
 from stablemoe_jax.analysis import fluctuation, records as records_lib
 from stablemoe_jax.compare.methods import METHODS, method_configs
+from stablemoe_jax.core.errors import NonFiniteLossError
 from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings
 from stablemoe_jax.experiment import loop
@@ -143,12 +144,40 @@ def export_run(directory: pathlib.Path, target: pathlib.Path) -> None:
       (target / name).write_bytes((directory / name).read_bytes())
 
 
-def find_finished(directory: pathlib.Path, exported: pathlib.Path | None) -> pathlib.Path | None:
-  """The folder holding this run's summary.json: the run directory, else its copy under the results folder."""
+def find_finished(directory: pathlib.Path, exported: pathlib.Path | None,
+                  name: str = "summary.json") -> pathlib.Path | None:
+  """The folder holding this run's ``name`` (summary.json, or DIVERGED_FILE): the run directory, else its copy
+  under the results folder."""
   for candidate in (directory, exported):
-    if candidate is not None and (candidate / "summary.json").exists():
+    if candidate is not None and (candidate / name).exists():
       return candidate
   return None
+
+
+DIVERGED_FILE = "diverged.json"  # {"step", "message"}: the run stopped on a non-finite loss or gradient
+
+
+class RunDiverged(NonFiniteLossError):
+  """A comparison's run stopped by a non-finite loss or gradient, now or in an earlier call (its DIVERGED_FILE,
+  which keeps it from being trained again). ``step``: where; ``source``: the folder holding the file."""
+
+  def __init__(self, record: dict, source: pathlib.Path):
+    super().__init__(f"the run in {source} diverged: {record['message']} (remove {source / DIVERGED_FILE} to train "
+                     f"it again from its last checkpoint)", step=record["step"])
+    self.source = source
+
+
+def _record_divergence(error: NonFiniteLossError, directory: pathlib.Path, exported: pathlib.Path | None) -> dict:
+  """Writes the run's DIVERGED_FILE (and, with ``exported``, copies it and metrics.jsonl there); returns it."""
+  record = {"step": error.step, "message": str(error)}
+  text = json.dumps(record, indent=2)
+  (directory / DIVERGED_FILE).write_text(text)
+  if exported is not None:
+    exported.mkdir(parents=True, exist_ok=True)
+    (exported / DIVERGED_FILE).write_text(text)
+    if (directory / "metrics.jsonl").exists():
+      (exported / "metrics.jsonl").write_bytes((directory / "metrics.jsonl").read_bytes())
+  return record
 
 
 LOCK_FILE = ".train.lock"
@@ -203,11 +232,15 @@ def train_run(run_config: ml_collections.ConfigDict, workdir: pathlib.Path, rela
 
   Returns (summary, the folder its files are read from, status), or None when it has not finished and ``train``
   is false or another process holds its lock (is training it). A run trained here is exported to
-  ``exported_root/relative`` when that is set.
+  ``exported_root/relative`` when that is set. Raises RunDiverged when the run stops on a non-finite loss or
+  gradient, here or in an earlier call (then without training it again).
   """
   directory = pathlib.Path(workdir) / relative
   exported = None if exported_root is None else exported_root / relative
   _share_prepared_data(pathlib.Path(workdir), directory)
+  diverged = find_finished(directory, exported, DIVERGED_FILE)
+  if diverged is not None:
+    raise RunDiverged(json.loads((diverged / DIVERGED_FILE).read_text()), diverged)
   source = find_finished(directory, exported)
   if source is not None:
     status = "finished earlier" if source == directory else f"finished earlier ({source})"
@@ -224,7 +257,10 @@ def train_run(run_config: ml_collections.ConfigDict, workdir: pathlib.Path, rela
       return _load_summary(directory), directory, "finished earlier"
     log(f"{tag}: training in {directory}", flush=True)
     started = time.time()
-    summary = loop.train_and_evaluate(run_config, directory)
+    try:
+      summary = loop.train_and_evaluate(run_config, directory)
+    except NonFiniteLossError as error:
+      raise RunDiverged(_record_divergence(error, directory, exported), directory) from error
   if exported is not None:
     export_run(directory, exported)
   return judged(summary, directory), directory, f"trained in {time.time() - started:.0f} s"

@@ -18,6 +18,11 @@ method of ``compare.methods``:
    train at): the choice moves to the next live setting and its seeds are run; the rejected choice and its seeds
    stay in the report.
 
+A run stopped by a non-finite loss or gradient (``runner.RunDiverged``; its ``diverged.json`` keeps later calls
+from training it again) does not stop the sweep: a diverged grid setting is not eligible, a choice one of whose
+seeds diverged is rejected as a dying one is (and is not among the fallbacks of "every setting dead"), and a
+method whose every setting diverged gets no choice.
+
 Only ``train.learning_rate`` and ``train.warmup_steps`` vary between settings; every method trains under the
 same budget otherwise. Runs are resumable exactly as the comparison's: a run with a summary.json (in DIR or under
 ``compare.results_dir``) is not redone, a killed one resumes from its checkpoint.
@@ -193,15 +198,20 @@ def is_alive(summary: dict) -> bool:
   return not health.get("dead_layers")
 
 
-def choose(cells: list[dict], rejected: tuple[str, ...] = ()) -> dict | None:
+def choose(cells: list[dict], rejected: tuple[str, ...] = (), diverged: tuple[str, ...] = ()) -> dict | None:
   """The finished grid cell with the lowest valid perplexity among the live ones whose setting is not in
-  ``rejected`` (names of choices a seed died at); else the lowest of all, marked ``every_setting_dead``."""
+  ``rejected`` (names of choices a seed died or diverged at); else the lowest of all that diverged neither in the
+  grid nor in a seed (``diverged``: names of choices a seed diverged at), marked ``every_setting_dead``;
+  ``{"every_setting_diverged": True}`` when none is left; None while the grid runs."""
   cells = [c for c in cells if c.get("in_grid", True)]
-  finished = [c for c in cells if c.get("valid_ppl") is not None]
+  finished = [c for c in cells if c.get("valid_ppl") is not None or c.get("diverged") is not None]
   if not finished or len(finished) < len(cells):
     return None
-  alive = [c for c in finished if c["alive"] and c["setting"]["name"] not in rejected]
-  pool = alive or finished
+  trained = [c for c in finished if c.get("valid_ppl") is not None]
+  alive = [c for c in trained if c["alive"] and c["setting"]["name"] not in rejected]
+  pool = alive or [c for c in trained if c["setting"]["name"] not in diverged]
+  if not pool:
+    return {"every_setting_diverged": True}
   best = min(pool, key=lambda c: c["valid_ppl"])
   return {**best["setting"], "every_setting_dead": not alive}
 
@@ -244,7 +254,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
                               for s in grid.columns]
       result["choices"][name] = {**own[0].as_dict(), "every_setting_dead": False, "fixed": True, "rejected": []}
       result["records"] += _seeded_runs(name, method_config, own[0], config, workdir, log, progress, exported_root,
-                                        train, stop_at_dead=False)
+                                        train, stop_at_dead=False)[0]
       continue
     cells = []
     for setting in grid.columns:
@@ -254,9 +264,15 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
         continue
       relative = grid_relative(name, setting, grid, full)
       tag = f"{_count(progress)} {name} grid {setting.name}"
-      found = runner.train_run(plans[name][setting], workdir, relative, log, tag, exported_root, train)
       cell = {"setting": setting.as_dict(), "valid_ppl": None, "test_ppl": None, "alive": None, "dead_layers": [],
               "workdir": str(workdir / relative), "status": "not run yet"}
+      try:
+        found = runner.train_run(plans[name][setting], workdir, relative, log, tag, exported_root, train)
+      except runner.RunDiverged as diverged:
+        log(f"{tag}: diverged at step {diverged.step}; not eligible", flush=True)
+        cells.append({**cell, "diverged": diverged.step, "alive": False, "workdir": str(diverged.source),
+                      "status": f"diverged at step {diverged.step}"})
+        continue
       if found is not None:
         summary, source, status = found
         runner.log_result(log, tag, status, summary)
@@ -268,22 +284,28 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
     result["grid"][name] = cells
     rejected: list[dict] = []
     while True:
-      choice = choose(cells, tuple(r["name"] for r in rejected))
+      choice = choose(cells, tuple(r["name"] for r in rejected),
+                      tuple(r["name"] for r in rejected if r.get("diverged_seeds")))
       result["choices"][name] = choice and {**choice, "rejected": rejected}
       if choice is None:
         log(f"{name}: the grid is not finished; no choice and no seeds yet.", flush=True)
+        break
+      if choice.get("every_setting_diverged"):
+        log(f"{name}: every setting diverged (or was rejected); no choice and no seeds.", flush=True)
         break
       chosen = next(s for s in grid.for_method(name) if s.name == choice["name"])
       log(f"{name}: chose {chosen.name} (valid ppl "
           f"{next(c['valid_ppl'] for c in cells if c['setting']['name'] == chosen.name):.2f}"
           f"{', every setting dead' if choice['every_setting_dead'] else ''})", flush=True)
-      records = _seeded_runs(name, method_config, chosen, config, workdir, log, progress,
-                             exported_root, train, stop_at_dead=not choice["every_setting_dead"])
+      records, diverged = _seeded_runs(name, method_config, chosen, config, workdir, log, progress,
+                                       exported_root, train, stop_at_dead=not choice["every_setting_dead"])
       dead_seeds = [r["seed"] for r in records if not is_alive(r["summary"])]
-      if dead_seeds and not choice["every_setting_dead"]:
-        log(f"{name}: {chosen.name} rejected: the layer died in seed(s) {dead_seeds}; choosing again.", flush=True)
-        progress["total"] += len(records)  # the new choice's seeds; the rejected one's stopped at its dead seed
-        rejected.append({**chosen.as_dict(), "dead_seeds": dead_seeds,
+      if (dead_seeds or diverged) and not choice["every_setting_dead"]:
+        why = "; ".join([f"the layer died in seed(s) {dead_seeds}"] * bool(dead_seeds)
+                        + [f"seed {k} diverged at step {step}" for k, step in diverged.items()])
+        log(f"{name}: {chosen.name} rejected: {why}; choosing again.", flush=True)
+        progress["total"] += len(records) + len(diverged)  # the new choice's seeds; the rejected one's stopped
+        rejected.append({**chosen.as_dict(), "dead_seeds": dead_seeds, "diverged_seeds": diverged,
                          "valid_ppl": {r["seed"]: r["summary"]["valid"]["perplexity"] for r in records}})
         continue
       result["records"] += records
@@ -297,18 +319,25 @@ def _count(progress: dict) -> str:
 
 
 def _seeded_runs(name: str, method_config, chosen: Setting, config, workdir, log,
-                 progress: dict, exported_root, train: bool, stop_at_dead: bool) -> list[dict]:
+                 progress: dict, exported_root, train: bool, stop_at_dead: bool) -> tuple[list[dict], dict]:
   """The finished reported runs at ``chosen`` (seeds ``config.seed + 1`` ... ``+ compare.seeds``; trained here
   unless finished, ``train`` false or locked), in seed order, each a record for the report with its "setting";
-  with ``stop_at_dead``, stops at the first run whose layer the verdict finds dead (the choice will be rejected,
-  its other seeds are not needed)."""
+  and {seed: step} of the one that diverged. With ``stop_at_dead``, stops at the first run whose layer the verdict
+  finds dead or that diverged (the choice will be rejected, its other seeds are not needed); without it (no other
+  choice is left), a diverged seed stops the sweep (RunDiverged)."""
   full = config.train.steps
   costs, records = None, []
   for k in range(1, config.compare.seeds + 1):
     run_config = setting_config(method_config, chosen, full, config.seed + k)
     relative = f"{name}/{chosen.name}/seed{k}"
     tag = f"{_count(progress)} {name} {chosen.name} seed {k}"
-    found = runner.train_run(run_config, workdir, relative, log, tag, exported_root, train)
+    try:
+      found = runner.train_run(run_config, workdir, relative, log, tag, exported_root, train)
+    except runner.RunDiverged as diverged:
+      if not stop_at_dead:
+        raise
+      log(f"{tag}: diverged at step {diverged.step}", flush=True)
+      return records, {run_config.seed: diverged.step}
     if found is None:
       continue
     summary, source, status = found
@@ -320,4 +349,4 @@ def _seeded_runs(name: str, method_config, chosen: Setting, config, workdir, log
     records.append(record)
     if stop_at_dead and not is_alive(summary):
       break
-  return records
+  return records, {}

@@ -14,29 +14,40 @@ from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings
 
 
-def _grid_cell(cell: dict, rejected: dict[str, list]) -> str:
-  """``rejected``: {setting name: seeds whose layer died there} of the method's rejected choices."""
+def _grid_cell(cell: dict, rejected: dict[str, str]) -> str:
+  """``rejected``: {setting name: why, e.g. "DEAD in seed 1"} of the method's rejected choices."""
   if not cell.get("in_grid", True):
     return "·"
   if cell["valid_ppl"] is None and cell["status"].startswith("the method's one setting"):
     return "its setting"
+  if cell.get("diverged") is not None:
+    return f"diverged at step {cell['diverged']}"
   if cell["valid_ppl"] is None:
     return "--"
   name = cell["setting"]["name"]
   worth = "" if cell.get("contribution") is None else f" {cell['contribution']:+.1%}"
   mark = "" if cell["alive"] else " DEAD"
   if name in rejected:
-    mark = f" (DEAD in seed {', '.join(str(k) for k in rejected[name])})"
+    mark = f" ({rejected[name]})"
   return f"{cell['valid_ppl']:.2f}{worth}{mark}"
 
 
-def _rejected(choice: dict | None) -> dict[str, list]:
-  return {r["name"]: r["dead_seeds"] for r in (choice or {}).get("rejected", [])}
+def _why_rejected(r: dict) -> str:
+  """A rejected choice's reason: "DEAD in seed 1", "diverged in seed 2 at step 400", or both joined by "; "."""
+  dead = [f"DEAD in seed {', '.join(str(k) for k in r['dead_seeds'])}"] if r["dead_seeds"] else []
+  return "; ".join(dead + [f"diverged in seed {k} at step {step}"
+                           for k, step in r.get("diverged_seeds", {}).items()])
+
+
+def _rejected(choice: dict | None) -> dict[str, str]:
+  return {r["name"]: _why_rejected(r) for r in (choice or {}).get("rejected", [])}
 
 
 def _choice_cell(choice: dict | None) -> str:
   if choice is None:
     return "grid not finished"
+  if choice.get("every_setting_diverged"):
+    return "none: every setting diverged"
   if choice.get("fixed"):
     return f"lr {choice['learning_rate']:g}, warmup {choice['warmup_steps']} (its one setting)"
   return f"lr {choice['learning_rate']:g}, warmup {choice['warmup_steps']}" + (
@@ -58,18 +69,28 @@ def grid_table(result: dict, labels: dict[str, str]) -> str:
 
 
 def rejected_note(result: dict, labels: dict[str, str]) -> str:
-  """One line per choice rejected because a seed's layer died there: its seeds' valid PPL ("" if none)."""
+  """One line per choice rejected because a seed's layer died or a seed diverged there: its seeds' valid PPL
+  ("" if none)."""
   lines = []
   for name, choice in result["choices"].items():
     for r in (choice or {}).get("rejected", []):
-      seeds = ", ".join(f"seed {k}: {ppl:.2f}{' (DEAD)' if int(k) in r['dead_seeds'] else ''}"
-                        for k, ppl in sorted(r["valid_ppl"].items(), key=lambda kv: int(kv[0])))
+      seeds = [f"seed {k}: {ppl:.2f}{' (DEAD)' if int(k) in r['dead_seeds'] else ''}"
+               for k, ppl in sorted(r["valid_ppl"].items(), key=lambda kv: int(kv[0]))]
+      seeds += [f"seed {k}: diverged at step {step}" for k, step in r.get("diverged_seeds", {}).items()]
       lines.append(f"- {labels.get(name, name)}: lr {r['learning_rate']:g}, warmup {r['warmup_steps']} rejected "
-                   f"({seeds}).")
+                   f"({', '.join(seeds)}).")
   if not lines:
     return ""
-  return ("Choices rejected because the layer died in one of their seeds (seeds after the first dead one are "
-          "not needed):\n\n" + "\n".join(lines) + "\n")
+  return ("Choices rejected because the layer died in one of their seeds or one diverged (seeds after the first "
+          "such one are not needed):\n\n" + "\n".join(lines) + "\n")
+
+
+def _divergence_sentence(result: dict) -> str:
+  """Said only where a run diverged: how the sweep treated it."""
+  diverged = any(c.get("diverged") is not None for cells in result["grid"].values() for c in cells) or any(
+      r.get("diverged_seeds") for choice in result["choices"].values() for r in (choice or {}).get("rejected", []))
+  return (" A run stopped by a non-finite loss or gradient (diverged) makes its setting ineligible in the same way."
+          if diverged else "")
 
 
 def sweep_columns(rows: list[dict]) -> list[tuple[str, Callable[[dict], str]]]:
@@ -103,7 +124,7 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
           f"PPL, or two experts take > 90% of the tokens) is not eligible. Then {seeds} new seed(s) at "
           f"the choice (seeds {config.seed + 1}-{config.seed + seeds}): the reported runs; the "
           f"selecting seed is never reported. A choice whose layer dies in a reported seed is rejected and the next "
-          f"live setting chosen.\n", "## The grid (seed-0 valid PPL, and the valid PPL increase without the MoE "
+          f"live setting chosen.{_divergence_sentence(result)}\n", "## The grid (seed-0 valid PPL, and the valid PPL increase without the MoE "
           "layer)\n", grid_table(result, labels), rejected_note(result, labels)]
   if rows:
     text += ["## At each method's choice\n", budget_note(config, rows), devices_note(rows),

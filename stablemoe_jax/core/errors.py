@@ -7,7 +7,12 @@ class ConfigError(ValueError):
 
 
 class NonFiniteLossError(FloatingPointError):
-  """The training loss became NaN or infinite; the message names the last checkpoint and the settings to change."""
+  """The training loss (or its gradient) became NaN or infinite at ``step``; the message names the last checkpoint
+  and the settings to change."""
+
+  def __init__(self, message: str, step: int | None = None):
+    super().__init__(message)
+    self.step = step
 
 
 class CheckpointMismatchError(ValueError):

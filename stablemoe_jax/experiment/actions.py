@@ -113,7 +113,7 @@ def check_finite(values: dict, step: int, last_checkpoint: int | None) -> None:
   raise NonFiniteLossError(
       f"{what} at step {step}. No checkpoint was written after it; the last one is step {last_checkpoint}, and "
       f"rerunning resumes there. Lower --config.train.learning_rate, lengthen --config.train.warmup_steps or tighten "
-      f"--config.train.clip_norm.")
+      f"--config.train.clip_norm.", step=step)
 
 
 def handle_collapses(guard: health_lib.CollapseGuard, collapses: list[health_lib.Collapse],

@@ -26,18 +26,19 @@ BIAS = "expert_bias"
 ROUTER_MODULE = "router"
 
 
-def sequence_balance_loss(affinity: jax.Array, expert_index: jax.Array, sequences: int,
+def sequence_balance_loss(log_affinity: jax.Array, expert_index: jax.Array, sequences: int,
                           weights: jax.Array | None = None) -> jax.Array:
   """DeepSeek-V3's sequence-wise balance loss without its weight: the mean over sequences of ``sum_i f_i P_i``.
 
   Per sequence of S tokens: ``f_i = N / (k S) * #(tokens choosing i)`` (no gradient), ``P_i`` the mean over its
-  tokens of the normalised affinity ``a_{t,i} / sum_j a_{t,j}``; 1 when uniform. affinity float32 [T, N],
+  tokens of the normalised affinity ``a_{t,i} / sum_j a_{t,j}``, taken as a softmax of ``log a`` (see
+  :class:`DeepSeekRouter`); 1 when uniform. log_affinity float32 [T, N] (``log_sigmoid`` of the logits),
   expert_index int32 [T, k], weights float32 [T] or None (padding counts nowhere) -> scalar.
   """
-  tokens, num_experts = affinity.shape
+  tokens, num_experts = log_affinity.shape
   top_k = expert_index.shape[1]
   chosen = jnp.sum(jax.nn.one_hot(expert_index, num_experts, dtype=jnp.float32), axis=1)  # [T, N]
-  normalised = affinity / jnp.sum(affinity, axis=-1, keepdims=True)
+  normalised = jax.nn.softmax(log_affinity, axis=-1)
   w = jnp.ones((tokens,), jnp.float32) if weights is None else weights
   w = w.reshape(sequences, -1, 1)
   count = jnp.maximum(jnp.sum(w, axis=1), 1.0)  # [B, 1] real tokens a sequence
@@ -49,7 +50,11 @@ def sequence_balance_loss(affinity: jax.Array, expert_index: jax.Array, sequence
 
 class DeepSeekRouter(nn.Module):
   """Sigmoid affinities ``a = sigmoid(h E^T)``, top-k on ``a + b`` (b the per-expert bias, no gradient), gates
-  ``routed_scale * a_chosen / sum(a_chosen)`` [T, k], the k choices most preferred first."""
+  ``routed_scale * a_chosen / sum(a_chosen)`` [T, k], the k choices most preferred first.
+
+  The ratio is computed as a softmax of ``log_sigmoid`` over the k: the same value, but ``a / sum(a)`` has a
+  non-finite gradient once the chosen logits fall below about -50 (``sum(a)^2`` underflows) under a finite loss,
+  which is how a DeepSeek top-2 run at lr 4e-3 diverged."""
 
   num_experts: int
   top_k: int = 2
@@ -64,14 +69,15 @@ class DeepSeekRouter(nn.Module):
     centroids = self.param("centroids", nn.initializers.orthogonal(self.centroid_gain),
                            (self.num_experts, h.shape[-1]), jnp.float32)
     bias = jax.lax.stop_gradient(self.param(BIAS, nn.initializers.zeros, (self.num_experts,), jnp.float32))
-    affinity = jax.nn.sigmoid(h.astype(jnp.float32) @ centroids.T)  # [T, N]
+    logits = h.astype(jnp.float32) @ centroids.T  # [T, N]
+    affinity = jax.nn.sigmoid(logits)
+    log_affinity = jax.nn.log_sigmoid(logits)
     expert_index = jax.lax.top_k(jax.lax.stop_gradient(affinity) + bias, self.top_k)[1].astype(jnp.int32)
-    chosen = jnp.take_along_axis(affinity, expert_index, axis=-1)  # [T, k]
-    gate = self.routed_scale * chosen / jnp.sum(chosen, axis=-1, keepdims=True)
+    gate = self.routed_scale * jax.nn.softmax(jnp.take_along_axis(log_affinity, expert_index, axis=-1), axis=-1)
     if self.balance_weight > 0:
       sequences = token_ids.shape[0] if token_ids.ndim == 2 else 1
       self.sow(AUX_LOSS, "balance", self.balance_weight * sequence_balance_loss(
-          affinity, expert_index, sequences, token_mask))
+          log_affinity, expert_index, sequences, token_mask))
     self.sow(METRICS, "bias_spread", jnp.max(bias) - jnp.min(bias))
     self.sow(METRICS, "mean_affinity", masked_mean(jnp.mean(affinity, axis=-1), token_mask))
     return Routing(expert_index=expert_index, gate=gate)

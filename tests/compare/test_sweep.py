@@ -13,6 +13,7 @@ from tests.conftest import REPO, share_prepared_ptb
 
 from stablemoe_jax.compare import report, runner, sweep, sweep_report
 from stablemoe_jax.compare.methods import method_configs, parse_method_names
+from stablemoe_jax.core.errors import NonFiniteLossError
 from stablemoe_jax.experiment.config_validation import ConfigError
 
 
@@ -35,18 +36,23 @@ def _fake_valid(config) -> float:
 
 class _Trained(list):
   """The fake's (workdir, steps, stage1_steps, seed) per run; ``dead`` adds (lr, warmup, seed) StableMoE runs whose
-  layer dies."""
+  layer dies; ``diverge`` (moe, lr, warmup, seed) runs that stop on a NaN gradient at step 7."""
   dead: set
+  diverge: set
 
 
 @pytest.fixture
 def fake_training(monkeypatch):
   """Replaces training by writing a summary; the StableMoE run at lr 3e-3 / warmup 4 (its best) is dead."""
   trained = _Trained()
-  trained.dead = set()
+  trained.dead, trained.diverge = set(), set()
 
   def train_and_evaluate(config, workdir):
     trained.append((str(workdir), config.train.steps, config.train.stage1_steps, config.seed))
+    if (config.model.moe.enabled, config.train.learning_rate, config.train.warmup_steps,
+        config.seed) in trained.diverge:
+      (workdir / "metrics.jsonl").write_text(json.dumps({"step": 5, "loss": 4.0}) + "\n")
+      raise NonFiniteLossError("the gradient norm is nan at step 7", step=7)
     valid = _fake_valid(config)
     lr, warmup = config.train.learning_rate, config.train.warmup_steps
     dead = ["moe_2"] if config.model.moe.enabled and ((lr, warmup) == (3e-3, 4)
@@ -129,7 +135,8 @@ def test_a_choice_whose_seed_dies_gives_way_to_the_next_live_setting(tiny_config
   choice = result["choices"]["stablemoe_all"]
   assert choice["name"] == "lr0.01_warmup4" and not choice["every_setting_dead"]
   assert choice["rejected"] == [{"learning_rate": 3e-3, "warmup_steps": 2, "name": "lr0.003_warmup2",
-                                 "dead_seeds": [1], "valid_ppl": {1: _fake_valid_at(config, 3e-3, 2, 1, True)}}]
+                                 "dead_seeds": [1], "diverged_seeds": {},
+                                 "valid_ppl": {1: _fake_valid_at(config, 3e-3, 2, 1, True)}}]
   assert not (tmp_path / "stablemoe_all" / "lr0.003_warmup2" / "seed2").exists()
   assert [(r["seed"], r["setting"]["name"]) for r in result["records"]] == [
       (1, "lr0.01_warmup4"), (2, "lr0.01_warmup4"), (3, "lr0.01_warmup4")]
@@ -158,6 +165,77 @@ def test_when_every_live_choice_dies_in_a_seed_the_best_of_all_is_marked(tiny_co
   # Its seeds are reported, dead as they are, not rejected in turn.
   assert [(r["seed"], r["summary"]["health"]["dead_layers"]) for r in result["records"]] == [(1, ["moe_2"]),
                                                                                               (2, ["moe_2"])]
+
+
+def test_a_diverged_grid_setting_is_not_eligible_and_is_not_trained_again(tiny_config, tmp_path, fake_training):
+  config = _sweep_config(tiny_config, methods="dense", seeds=1, rates="3e-3,1e-2", warmups="2,4")
+  config.compare.results_dir = str(tmp_path / "results")
+  fake_training.diverge = {(False, 1e-2, 2, 0)}  # dense's best setting diverges in the grid
+  lines = []
+  result = sweep.run_sweep(config, tmp_path / "runs", log=lambda line, **_: lines.append(line))
+  cells = {c["setting"]["name"]: c for c in result["grid"]["dense"]}
+  assert cells["lr0.01_warmup2"]["diverged"] == 7 and cells["lr0.01_warmup2"]["valid_ppl"] is None
+  # The next best by valid PPL (100 + 1000 |lr - 1e-2| + |warmup - 2|): lr 1e-2 / warmup 4 at 102.
+  assert result["choices"]["dense"]["name"] == "lr0.01_warmup4"
+  assert [(r["seed"], r["setting"]["name"]) for r in result["records"]] == [(1, "lr0.01_warmup4")]
+  assert any("dense grid lr0.01_warmup2: diverged at step 7; not eligible" in line for line in lines)
+  for folder in (tmp_path / "runs", tmp_path / "results"):  # recorded in the run and in the results folder
+    record = json.loads((folder / "dense" / "lr0.01_warmup2" / "seed0" / runner.DIVERGED_FILE).read_text())
+    assert record == {"step": 7, "message": "the gradient norm is nan at step 7"}
+  assert (tmp_path / "results" / "dense" / "lr0.01_warmup2" / "seed0" / "metrics.jsonl").exists()
+  sweep_report.write_sweep_reports(config, result, tmp_path)
+  table = (tmp_path / "comparison.md").read_text()
+  assert ("| dense Transformer (same shared layers) | 107.00 | 109.00 | diverged at step 7 | 102.00 | lr 0.01, "
+          "warmup 4 |") in table
+  assert "(diverged) makes its setting ineligible" in table
+  # Neither a rerun nor a new machine with only the results folder trains it again.
+  fake_training.clear()
+  again = sweep.run_sweep(config, tmp_path / "runs", log=lambda line, **_: None)
+  elsewhere = sweep.run_sweep(config, tmp_path / "machine2", log=lambda line, **_: None)
+  assert not fake_training and again["choices"] == elsewhere["choices"] == result["choices"]
+  # A plain comparison (no grid to choose from) stops on it, saying where and how to train it again.
+  with pytest.raises(runner.RunDiverged, match=r"diverged: the gradient norm is nan at step 7 \(remove .*"
+                                                r"diverged.json to train it again"):
+    runner.train_run(config, tmp_path / "runs", "dense/lr0.01_warmup2/seed0", lambda *a, **k: None, "tag")
+
+
+def test_a_choice_whose_seed_diverges_is_rejected_and_not_a_fallback(tiny_config, tmp_path, fake_training):
+  config = _sweep_config(tiny_config, methods="stablemoe_all", seeds=3)
+  fake_training.diverge = {(True, 3e-3, 2, 2)}  # the choice's seed 2 diverges; seed 3 is then not needed
+  lines = []
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: lines.append(line))
+  choice = result["choices"]["stablemoe_all"]
+  assert choice["name"] == "lr0.01_warmup4" and not choice["every_setting_dead"]
+  assert choice["rejected"] == [{"learning_rate": 3e-3, "warmup_steps": 2, "name": "lr0.003_warmup2",
+                                 "dead_seeds": [], "diverged_seeds": {2: 7},
+                                 "valid_ppl": {1: _fake_valid_at(config, 3e-3, 2, 1, True)}}]
+  assert any("lr0.003_warmup2 rejected: seed 2 diverged at step 7; choosing again" in line for line in lines)
+  assert not (tmp_path / "stablemoe_all" / "lr0.003_warmup2" / "seed3").exists()
+  assert lines[-1].startswith("[9/9] stablemoe_all lr0.01_warmup4 seed 3")  # 4 grid + 2 rejected's + 3
+  sweep_report.write_sweep_reports(config, result, tmp_path)
+  table = (tmp_path / "comparison.md").read_text()
+  assert f"{_fake_valid_at(config, 3e-3, 2, 0, True):.2f} +5.0% (diverged in seed 2 at step 7)" in table
+  assert (f"lr 0.003, warmup 2 rejected (seed 1: {_fake_valid_at(config, 3e-3, 2, 1, True):.2f}, seed 2: "
+          "diverged at step 7).") in table
+  # Where every live setting is rejected, the fallback of "every setting dead" leaves out the diverged choice.
+  cells = [{"setting": {"name": n}, "valid_ppl": v, "alive": alive}
+           for n, v, alive in (("a", 98.0, True), ("b", 101.0, False), ("c", 99.0, False))]
+  assert sweep.choose(cells, rejected=("a",))["name"] == "a"  # died in a seed: still the best of all
+  assert sweep.choose(cells, rejected=("a",), diverged=("a",))["name"] == "c"
+  assert sweep.choose(cells, rejected=("a", "c"), diverged=("a", "c"))["name"] == "b"
+  assert sweep.choose(cells[:1], rejected=("a",), diverged=("a",)) == {"every_setting_diverged": True}
+
+
+def test_a_method_whose_every_setting_diverges_gets_no_choice(tiny_config, tmp_path, fake_training):
+  config = _sweep_config(tiny_config, methods="dense", seeds=1, rates="1e-2", warmups="2,4")
+  fake_training.diverge = {(False, 1e-2, 2, 0), (False, 1e-2, 4, 0)}
+  lines = []
+  result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: lines.append(line))
+  assert result["choices"]["dense"] == {"every_setting_diverged": True, "rejected": []} and not result["records"]
+  assert "dense: every setting diverged (or was rejected); no choice and no seeds." in lines
+  sweep_report.write_sweep_reports(config, result, tmp_path)
+  assert ("| diverged at step 7 | diverged at step 7 | none: every setting diverged |"
+          in (tmp_path / "comparison.md").read_text())
 
 
 def _fake_valid_at(config, lr, warmup, seed, moe):

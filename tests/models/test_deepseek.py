@@ -76,16 +76,39 @@ def test_the_bias_gets_no_gradient():
   assert not np.any(np.asarray(grads["expert_bias"])) and np.any(np.asarray(grads["centroids"]))
 
 
+def test_gates_and_balance_loss_keep_a_finite_gradient_when_the_affinities_underflow():
+  # Chosen logits near -60: a / sum(a) is finite there but its gradient is not (sum(a)^2 underflows), which made a
+  # real run's update NaN under a finite loss. By hand: gates a_i / sum(a_j) = softmax of the logits' log-sigmoids,
+  # which for logits far below 0 is softmax(logits) = (1, e^-1) / (1 + e^-1) for logits (-60, -61).
+  router = deepseek_router.DeepSeekRouter(num_experts=2, top_k=2, routed_scale=1.0, balance_weight=0.1)
+  h = jnp.ones((4, 2))
+  ids = jnp.zeros((2, 2), jnp.int32)
+  params = {"centroids": jnp.asarray([[-30.0, -30.0], [-30.5, -30.5]]), "expert_bias": jnp.zeros(2)}
+
+  def loss(params):
+    routing, sown = router.apply({"params": params}, h, ids, jnp.array(True), mutable=["aux_loss"])
+    return jnp.sum(routing.gate * jnp.asarray([1.0, 2.0])) + sown["aux_loss"]["balance"][0], routing
+
+  (value, routing), grads = jax.value_and_grad(loss, has_aux=True)(params)
+  e = np.exp(-1.0)
+  np.testing.assert_allclose(routing.gate, np.tile([1 / (1 + e), e / (1 + e)], (4, 1)), rtol=1e-5)
+  assert np.isfinite(value)
+  # The loss is g_0 + 2 g_1 = 1 + g_1, g_1 = sigmoid(l_1 - l_0), l_i = c_i . h; the balance term is constant
+  # (both experts chosen by every token: f = (1, 1), sum_i P_i = 1). So d/dc_1 = -d/dc_0 = 4 tokens x g_1 (1 - g_1) h.
+  g1 = e / (1 + e)
+  np.testing.assert_allclose(grads["centroids"], [[-4 * g1 * (1 - g1)] * 2, [4 * g1 * (1 - g1)] * 2], rtol=1e-4)
+
+
 def test_sequence_balance_loss_by_hand():
   # Two sequences of 2 tokens, N = 2 experts, k = 1. f_i = N / (k S) * count_i, P_i = mean normalised affinity.
   affinity = jnp.asarray([[0.8, 0.2], [0.6, 0.6], [0.1, 0.9], [0.5, 0.5]])
   index = jnp.asarray([[0], [0], [1], [0]])
   # Sequence 1: both chose 0: f = (2, 0); P_0 = (0.8 + 0.5) / 2 = 0.65 -> 1.3.
   # Sequence 2: one each: f = (1, 1); P = ((0.1 + 0.5) / 2, (0.9 + 0.5) / 2) = (0.3, 0.7) -> 1.0.
-  got = deepseek_router.sequence_balance_loss(affinity, index, 2)
+  got = deepseek_router.sequence_balance_loss(jnp.log(affinity), index, 2)
   np.testing.assert_allclose(got, (1.3 + 1.0) / 2, rtol=1e-6)
   # Padding counts nowhere: sequence 1 with its second token padding is f = (2, 0), P_0 = 0.8 -> 1.6.
-  padded = deepseek_router.sequence_balance_loss(affinity, index, 2, jnp.asarray([1.0, 0.0, 1.0, 1.0]))
+  padded = deepseek_router.sequence_balance_loss(jnp.log(affinity), index, 2, jnp.asarray([1.0, 0.0, 1.0, 1.0]))
   np.testing.assert_allclose(padded, (1.6 + 1.0) / 2, rtol=1e-6)
 
 

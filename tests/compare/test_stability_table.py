@@ -35,6 +35,8 @@ def _shares(shares: dict | None) -> str:
 
 
 def choice_cell(choice: dict | None) -> str:
+  if choice and choice.get("every_setting_diverged"):
+    return "none: every setting diverged"
   return f"{choice['learning_rate']} / {choice['warmup_steps']}" if choice else "grid not finished"
 
 

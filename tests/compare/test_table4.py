@@ -29,6 +29,8 @@ LAYERS = ("encoder_moe_0", "decoder_moe_0")
 
 def choice_cell(choice: dict | None) -> str:
   """The table's words for a method's choice (None: its grid is not finished)."""
+  if choice and choice.get("every_setting_diverged"):
+    return "none: every setting diverged"
   return f"{choice['learning_rate']:.0e}".replace("e-0", "e-") if choice else "grid not finished"
 
 

@@ -162,8 +162,9 @@ class RunDiverged(NonFiniteLossError):
   which keeps it from being trained again). ``step``: where; ``source``: the folder holding the file."""
 
   def __init__(self, record: dict, source: pathlib.Path):
-    super().__init__(f"the run in {source} diverged: {record['message']} (remove {source / DIVERGED_FILE} to train "
-                     f"it again from its last checkpoint)", step=record["step"])
+    super().__init__(f"the run in {source} diverged: {record['message']} (to train it again from its last "
+                     f"checkpoint, remove its {DIVERGED_FILE} from the run folder and from compare.results_dir)",
+                     step=record["step"])
     self.source = source
 
 

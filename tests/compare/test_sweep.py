@@ -194,8 +194,8 @@ def test_a_diverged_grid_setting_is_not_eligible_and_is_not_trained_again(tiny_c
   elsewhere = sweep.run_sweep(config, tmp_path / "machine2", log=lambda line, **_: None)
   assert not fake_training and again["choices"] == elsewhere["choices"] == result["choices"]
   # A plain comparison (no grid to choose from) stops on it, saying where and how to train it again.
-  with pytest.raises(runner.RunDiverged, match=r"diverged: the gradient norm is nan at step 7 \(remove .*"
-                                                r"diverged.json to train it again"):
+  with pytest.raises(runner.RunDiverged, match=r"diverged: the gradient norm is nan at step 7 \(to train it "
+                                                r"again from its last checkpoint, remove its diverged.json"):
     runner.train_run(config, tmp_path / "runs", "dense/lr0.01_warmup2/seed0", lambda *a, **k: None, "tag")
 
 

@@ -120,12 +120,13 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
   text = ["# Tuned comparison\n",
           f"Each method's learning rate and warmup chosen on validation perplexity from the grid below (one run "
           f"each, seed {config.seed}, {selection} steps"
-          f"{'' if selection == train.steps else ' (a shorter selection budget)'}); a setting whose MoE layer the health verdict finds dead (DEAD: removing it costs < 1% of valid "
-          f"PPL, or two experts take > 90% of the tokens) is not eligible. Then {seeds} new seed(s) at "
-          f"the choice (seeds {config.seed + 1}-{config.seed + seeds}): the reported runs; the "
-          f"selecting seed is never reported. A choice whose layer dies in a reported seed is rejected and the next "
-          f"live setting chosen.{_divergence_sentence(result)}\n", "## The grid (seed-0 valid PPL, and the valid PPL increase without the MoE "
-          "layer)\n", grid_table(result, labels), rejected_note(result, labels)]
+          f"{'' if selection == train.steps else ' (a shorter selection budget)'}); a setting whose MoE layer "
+          f"the health verdict finds dead (DEAD: removing it costs < 1% of valid PPL, or two experts take > 90% of "
+          f"the tokens) is not eligible. Then {seeds} new seed(s) at the choice (seeds {config.seed + 1}-"
+          f"{config.seed + seeds}): the reported runs; the selecting seed is never reported. A choice whose layer "
+          f"dies in a reported seed is rejected and the next live setting chosen.{_divergence_sentence(result)}\n",
+          "## The grid (seed-0 valid PPL, and the valid PPL increase without the MoE layer)\n",
+          grid_table(result, labels), rejected_note(result, labels)]
   if rows:
     text += ["## At each method's choice\n", budget_note(config, rows), devices_note(rows),
              markdown_table(rows, sweep_columns(rows)), health_note(rows),

@@ -20,8 +20,16 @@ def markdown_rows(path: pathlib.Path, header: str) -> dict[str, list[str]]:
   return rows
 
 
+def spread_cell(mean: float, std: float, digits: int, seeds: int) -> str:
+  """A mean over the reported seeds: "mean ± sample std", or "mean (one seed)" while one is finished."""
+  return f"{mean:.{digits}f} ± {std:.{digits}f}" if seeds > 1 else f"{mean:.{digits}f} (one seed)"
+
+
 def interval_cell(stats: dict, digits: int) -> str:
-  """A paired difference's cell: "+mean [+low, +high]" (``paired.interval``'s fields)."""
+  """A paired difference's cell: "+mean [+low, +high]" (``paired.interval``'s fields); "+mean (one seed, no
+  interval)" while one pair is finished."""
+  if stats["low"] is None:
+    return f"{stats['mean']:+.{digits}f} (one seed, no interval)"
   return f"{stats['mean']:+.{digits}f} [{stats['low']:+.{digits}f}, {stats['high']:+.{digits}f}]"
 
 

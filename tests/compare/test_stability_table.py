@@ -9,7 +9,7 @@ import json
 
 import pytest
 from tests.compare.doc_tables import (check_report_is_committed_runs, check_rows_are_report, interval_cell,
-                                      markdown_rows)
+                                      markdown_rows, spread_cell)
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired
@@ -47,8 +47,8 @@ def expected_cells(report: dict, method: str) -> list[str]:
   against = paired.paired_differences(report["runs"]).get(method)
   test = against["test"] if against else None
   return [choice_cell(report["choices"][method]), ", ".join(str(run["seed"]) for run in runs),
-          f"{entry['valid_ppl_mean']:.2f} ± {entry['valid_ppl_std']:.2f}",
-          f"{entry['test_ppl_mean']:.2f} ± {entry['test_ppl_std']:.2f}",
+          spread_cell(entry["valid_ppl_mean"], entry["valid_ppl_std"], 2, len(runs)),
+          spread_cell(entry["test_ppl_mean"], entry["test_ppl_std"], 2, len(runs)),
           interval_cell(test, 2) if test else "--",
           ", ".join(f"{least_contribution(run['summary']['health']):+.1%}" for run in runs) if against else "--",
           _shares(entry["fluctuation"]),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from tests.compare.doc_tables import (check_report_is_committed_runs, check_rows_are_report, interval_cell,
-                                      markdown_rows)
+                                      markdown_rows, spread_cell)
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired
@@ -49,10 +49,10 @@ def expected_cells(report: dict, method: str) -> list[str]:
   against = paired.paired_differences(report["runs"]).get(method)
   moe = method not in ("dense", "dense_flops")
   return [choice_cell(report["choices"][method]), ", ".join(str(run["seed"]) for run in runs),
-          f"{entry['valid_loss_mean']:.3f} ± {entry['valid_loss_std']:.3f}",
-          f"{entry['bleu_average_mean']:.2f} ± {entry['bleu_average_std']:.2f}",
+          spread_cell(entry["valid_loss_mean"], entry["valid_loss_std"], 3, len(runs)),
+          spread_cell(entry["bleu_average_mean"], entry["bleu_average_std"], 2, len(runs)),
           " / ".join(f"{entry['bleu_per_pair'][pair]:.2f}" for pair in PAIRS),
-          f"{entry['train_loss_mean']:.3f} ± {entry['train_loss_std']:.3f}",
+          spread_cell(entry["train_loss_mean"], entry["train_loss_std"], 3, len(runs)),
           interval_cell(against["valid_nll"], 3) if against else "--",
           interval_cell(against["bleu"], 2) if against else "--",
           *(layer_cells(runs) if moe else ["--", "--"])]

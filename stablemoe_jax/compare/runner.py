@@ -138,8 +138,13 @@ def export_run(directory: pathlib.Path, target: pathlib.Path) -> None:
   shares = routing_fluctuation(directory)
   if shares is not None and not (directory / "fluctuation.json").exists():
     (directory / "fluctuation.json").write_text(json.dumps(shares, indent=2))
+  _copy_files(directory, target, RESULT_FILES)
+
+
+def _copy_files(directory: pathlib.Path, target: pathlib.Path, names: tuple[str, ...]) -> None:
+  """Copies those of ``names`` that exist in ``directory`` to ``target``."""
   target.mkdir(parents=True, exist_ok=True)
-  for name in RESULT_FILES:
+  for name in names:
     if (directory / name).exists():
       (target / name).write_bytes((directory / name).read_bytes())
 
@@ -171,13 +176,9 @@ class RunDiverged(NonFiniteLossError):
 def _record_divergence(error: NonFiniteLossError, directory: pathlib.Path, exported: pathlib.Path | None) -> dict:
   """Writes the run's DIVERGED_FILE (and, with ``exported``, copies it and metrics.jsonl there); returns it."""
   record = {"step": error.step, "message": str(error)}
-  text = json.dumps(record, indent=2)
-  (directory / DIVERGED_FILE).write_text(text)
+  (directory / DIVERGED_FILE).write_text(json.dumps(record, indent=2))
   if exported is not None:
-    exported.mkdir(parents=True, exist_ok=True)
-    (exported / DIVERGED_FILE).write_text(text)
-    if (directory / "metrics.jsonl").exists():
-      (exported / "metrics.jsonl").write_bytes((directory / "metrics.jsonl").read_bytes())
+    _copy_files(directory, exported, (DIVERGED_FILE, "metrics.jsonl"))
   return record
 
 

@@ -55,6 +55,13 @@ def expected_cells(report: dict, method: str) -> list[str]:
           _shares(entry["fluctuation_k_set"]) if entry["top_k"] > 1 else "--"]
 
 
+def test_cells_of_one_finished_seed_say_so_instead_of_a_zero_spread():
+  assert spread_cell(155.871, 0.0, 2, 1) == "155.87 (one seed)"
+  assert spread_cell(155.871, 0.25, 2, 2) == "155.87 ± 0.25"
+  assert interval_cell({"n": 1, "mean": 1.274, "low": None, "high": None}, 2) == "+1.27 (one seed, no interval)"
+  assert interval_cell({"n": 2, "mean": 1.274, "low": -0.5, "high": 3.0}, 2) == "+1.27 [-0.50, +3.00]"
+
+
 @pytest.mark.parametrize("document", ["README.md", "docs/results.md"])
 def test_stability_table_is_the_committed_report(document):
   check_rows_are_report(markdown_rows(REPO / document, HEADER), LABELS, json.loads(REPORT.read_text()),

@@ -105,6 +105,7 @@ def test_grid_choice_seeds_resume_and_report(tiny_config, tmp_path, fake_trainin
   assert "| lr 0.003, warmup 2 | lr 0.003, warmup 4 |" in table
   assert f"{stable_cells['lr0.003_warmup4']['valid_ppl']:.2f} +0.2% DEAD" in table
   assert f"{stable_cells['lr0.003_warmup2']['valid_ppl']:.2f} +5.0% |" in table
+  assert "diverged" not in table  # said only where a run diverged
   dense_line = next(line for line in table.splitlines() if line.startswith("| dense"))
   assert dense_line.endswith("| lr 0.01, warmup 2 |")  # its choice cell
   dense = rows[0]

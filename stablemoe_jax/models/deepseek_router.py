@@ -100,6 +100,12 @@ def updated_bias(bias: jax.Array, load: jax.Array, rate: float) -> jax.Array:
   return bias + rate * jnp.sign(jnp.mean(load) - load)
 
 
+def _bias_layer(path) -> str | None:
+  """The MoE layer path ("/"-joined module names) of a parameter's tree path if it is a router's bias, else None."""
+  names = [key.key for key in path if isinstance(key, jax.tree_util.DictKey)]
+  return "/".join(names[:-2]) if names[-2:] == [ROUTER_MODULE, BIAS] else None
+
+
 def bias_update_hook(model_config) -> Callable | None:
   """The train step's post-update hook: ``(params, metrics) -> params`` with every MoE layer's ``router/expert_bias``
   moved by :func:`updated_bias` from that step's ``moe/<layer>/load``; None when the rate is 0."""
@@ -112,13 +118,27 @@ def bias_update_hook(model_config) -> Callable | None:
       return params
 
     def move(path, leaf):
-      names = [key.key for key in path if isinstance(key, jax.tree_util.DictKey)]
-      if names[-2:] != [ROUTER_MODULE, BIAS]:
-        return leaf
-      return updated_bias(leaf, metrics[f"moe/{'/'.join(names[:-2])}/load"], rate).astype(leaf.dtype)
+      layer = _bias_layer(path)
+      return leaf if layer is None else updated_bias(leaf, metrics[f"moe/{layer}/load"], rate).astype(leaf.dtype)
     return jax.tree_util.tree_map_with_path(move, params)
 
   return hook
+
+
+def split_bias(params) -> tuple[dict, dict[str, jax.Array]]:
+  """``(params with every MoE layer's router/expert_bias at 0, {layer path: its bias [N]})``: the routing the
+  affinities alone would choose, and the bias that moved it. ``params``: a model's parameter tree (nested dicts);
+  a layer path joins the module names above ``router`` with "/"; no bias: the tree unchanged and ``{}``."""
+  biases: dict[str, jax.Array] = {}
+
+  def zero(path, leaf):
+    layer = _bias_layer(path)
+    if layer is None:
+      return leaf
+    biases[layer] = leaf
+    return jnp.zeros_like(leaf)
+
+  return jax.tree_util.tree_map_with_path(zero, params), biases
 
 
 def check(s, moe_config) -> list[str]:

@@ -8,6 +8,7 @@ import shutil
 import sys
 import tempfile
 
+import ml_collections
 import pytest
 
 from configs import default
@@ -189,6 +190,18 @@ def share_prepared_ptb(prepared: pathlib.Path, *workdirs: pathlib.Path) -> None:
   for workdir in map(pathlib.Path, workdirs):
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "data").symlink_to(prepared, target_is_directory=True)
+
+
+def train_tiny_run(tiny_config, prepared: pathlib.Path, workdir: pathlib.Path, router: str):
+  """Trains ``tiny_config`` with ``router`` for 4 steps (2 in stage 1) into ``workdir``, on the shared ``prepared``
+  corpus, checkpointed at step 4; returns the config it trained."""
+  from stablemoe_jax.experiment import loop  # pylint: disable=import-outside-toplevel
+  config = ml_collections.ConfigDict(tiny_config.to_dict())
+  config.model.moe.router = router
+  config.train.steps, config.train.stage1_steps, config.train.checkpoint_every = 4, 2, 4
+  share_prepared_ptb(prepared, workdir)
+  loop.train_and_evaluate(config, workdir)
+  return config
 
 
 def tiny_flags(steps: int, stage1_steps: int, warmup_steps: int, log_every: int, checkpoint_every: int) -> list[str]:

@@ -127,7 +127,7 @@ ROUTERS: dict[str, RouterEntry] = {
     "deepseek": RouterEntry(
         deepseek_router.build, settings_lib.DeepSeekSettings, deepseek_router.check, gate_kind=lambda s: "softmax",
         gate_scale=lambda s: float(s.routed_scale), top_k=deepseek_router.top_k,
-        post_update=deepseek_router.bias_update_hook, losses=("balance",), 
+        post_update=deepseek_router.bias_update_hook, losses=("balance",),
         added_settings=_absent_section(settings_lib.DeepSeekSettings),
         collapse_cures=("a larger --config.model.moe.deepseek.bias_update_rate",)),
 }

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from tests.conftest import share_prepared_ptb
+from tests.conftest import share_prepared_ptb, train_tiny_run
 
 from stablemoe_jax.analysis.declined import DeclinedCounts, declined_tokens
 from stablemoe_jax.analysis.report import global_inputs
@@ -89,11 +89,7 @@ def test_forced_and_declined_shares_match_independent_routing_and_metrics(tiny_c
 
 
 def test_command_on_a_trained_run_writes_its_json(tiny_config, prepared_ptb, tmp_path, capsys):
-  config = ml_collections.ConfigDict(tiny_config.to_dict())
-  config.model.moe.router = "base"
-  config.train.steps, config.train.stage1_steps, config.train.checkpoint_every = 4, 2, 4
-  share_prepared_ptb(prepared_ptb, tmp_path)
-  loop.train_and_evaluate(config, tmp_path)
+  config = train_tiny_run(tiny_config, prepared_ptb, tmp_path, "base")
   result = declined_command.main([str(tmp_path), "--batches", "2"])
   saved = json.loads((tmp_path / "analysis" / "declined_valid_step4.json").read_text())
   assert saved == json.loads(json.dumps(result)) and saved["step"] == 4

@@ -40,7 +40,7 @@ class OverriddenCounts:
 
 
 def bias_overridden_tokens(exp, params, split: str = "valid", max_batches: int = 20) -> dict[str, dict]:
-  """{layer: ``OverriddenCounts.summary()`` + ``bias_spread`` (max - min of its bias)} over the first
+  """{layer: ``OverriddenCounts.summary()`` + ``bias`` [N] and ``bias_spread`` (its max - min)} over the first
   ``max_batches`` evaluation batches (<= 0: all) of ``split``; layers in model order. Raises ValueError when no
   MoE layer has a bias."""
   unbiased_params, biases = split_bias(params)
@@ -58,5 +58,6 @@ def bias_overridden_tokens(exp, params, split: str = "valid", max_batches: int =
       _, mask = exp.task.routing_tokens(layer, batch)
       counts.setdefault(layer, OverriddenCounts()).add(
           np.asarray(biased[layer][0]), np.asarray(unbiased[layer][0]), np.asarray(mask, bool).reshape(-1))
-  return {layer: {**counts[layer].summary(), "bias_spread": float(np.ptp(np.asarray(biases[layer])))}
-          for layer in sorted_layers(counts)}
+  biases = {layer: np.asarray(jax.device_get(bias), np.float64) for layer, bias in biases.items()}
+  return {layer: {**counts[layer].summary(), "bias_spread": float(np.ptp(biases[layer])),
+                  "bias": biases[layer].tolist()} for layer in sorted_layers(counts)}

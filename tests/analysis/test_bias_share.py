@@ -70,7 +70,8 @@ def test_shares_match_a_per_token_routing_of_the_routers_inputs(tiny_config, pre
   try:
     params = exp.init_state().params
     assert bias_overridden_tokens(exp, params, "valid", 2)["moe_0"] == {
-        "tokens": 2 * 64 * 16, "first_changed_fraction": 0.0, "set_changed_fraction": 0.0, "bias_spread": 0.0}
+        "tokens": 2 * 64 * 16, "first_changed_fraction": 0.0, "set_changed_fraction": 0.0, "bias_spread": 0.0,
+        "bias": [0.0] * 4}
     bias = np.array([0.03, -0.02, 0.0, 0.012])  # about the spread of the tiny model's affinities at initialisation
     router = params["moe_0"]["router"]
     params = {**params, "moe_0": {**params["moe_0"], "router": {**router, "expert_bias": jnp.asarray(bias)}}}
@@ -85,6 +86,7 @@ def test_shares_match_a_per_token_routing_of_the_routers_inputs(tiny_config, pre
   finally:
     exp.checkpointer.close()
   assert got["tokens"] == tokens and got["bias_spread"] == pytest.approx(0.05)
+  np.testing.assert_allclose(got["bias"], bias, rtol=1e-6)
   assert 0.05 < every / tokens < 0.95 and 0.05 < first / tokens < 0.95  # the bias moves some tokens, not all
   assert abs(got["first_changed_fraction"] * tokens - first) <= near
   assert abs(got["set_changed_fraction"] * tokens - every) <= near

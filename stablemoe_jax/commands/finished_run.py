@@ -24,10 +24,11 @@ def parser_for(doc: str, batches: str) -> argparse.ArgumentParser:
 
 
 def analyse_checkpoint(parser: argparse.ArgumentParser, args: argparse.Namespace, name: str,
-                   measure: Callable[[loop.Experiment, dict], dict]) -> tuple[dict, pathlib.Path]:
-  """Restores ``args.run_dir``'s checkpoint at ``args.step`` (None: the latest), ``measure(experiment, params)`` -> {layer: ...}, and writes
-  ``{"step", "split", "layers"}`` to ``RUN_DIR/analysis/{name}_{split}_step{N}.json``; (result, its path). A folder
-  that is not a run, or a missing checkpoint, is a parser error (exit 2)."""
+                       measure: Callable[[loop.Experiment, dict], dict]) -> tuple[dict, pathlib.Path]:
+  """Restores ``args.run_dir``'s checkpoint at ``args.step`` (None: the latest), measures it with
+  ``measure(experiment, params) -> {layer: ...}`` and writes ``{"step", "split", "layers"}`` to
+  ``RUN_DIR/analysis/{name}_{split}_step{N}.json``; (result, its path). A folder that is not a run, or a missing
+  checkpoint, is a parser error (exit 2)."""
   config_path = args.run_dir / "config.json"
   if not config_path.is_file():
     parser.error(f"{config_path} not found: RUN_DIR must be the workdir of a training run "

@@ -194,11 +194,11 @@ def share_prepared_ptb(prepared: pathlib.Path, *workdirs: pathlib.Path) -> None:
 
 def train_tiny_run(tiny_config, prepared: pathlib.Path, workdir: pathlib.Path, router: str):
   """Trains ``tiny_config`` with ``router`` for 4 steps (2 in stage 1) into ``workdir``, on the shared ``prepared``
-  corpus, checkpointed at step 4; returns the config it trained."""
+  corpus, checkpointed at steps 2 and 4; returns the config it trained."""
   from stablemoe_jax.experiment import loop  # pylint: disable=import-outside-toplevel
   config = ml_collections.ConfigDict(tiny_config.to_dict())
   config.model.moe.router = router
-  config.train.steps, config.train.stage1_steps, config.train.checkpoint_every = 4, 2, 4
+  config.train.steps, config.train.stage1_steps, config.train.checkpoint_every = 4, 2, 2
   share_prepared_ptb(prepared, workdir)
   loop.train_and_evaluate(config, workdir)
   return config

@@ -72,6 +72,10 @@ def test_shares_match_a_per_token_routing_of_the_routers_inputs(tiny_config, pre
     assert bias_overridden_tokens(exp, params, "valid", 2)["moe_0"] == {
         "tokens": 2 * 64 * 16, "first_changed_fraction": 0.0, "set_changed_fraction": 0.0, "bias_spread": 0.0,
         "bias": [0.0] * 4}
+    split_tokens = sum(int(exp.task.routing_tokens("moe_0", b)[1].sum())
+                       for b in exp.task.eval_batches(exp.data, exp.config, "valid"))
+    assert split_tokens > 2 * 64 * 16  # --batches 0: every batch of the split
+    assert bias_overridden_tokens(exp, params, "valid", 0)["moe_0"]["tokens"] == split_tokens
     bias = np.array([0.03, -0.02, 0.0, 0.012])  # about the spread of the tiny model's affinities at initialisation
     router = params["moe_0"]["router"]
     params = {**params, "moe_0": {**params["moe_0"], "router": {**router, "expert_bias": jnp.asarray(bias)}}}
@@ -110,6 +114,10 @@ def test_command_on_a_trained_run_writes_its_json_and_names_a_missing_checkpoint
   layer = saved["layers"]["moe_0"]
   assert layer["tokens"] == 2 * 64 * 16 and layer["bias_spread"] > 0  # 4 bias updates of 1e-3 each
   assert "moe_0: 2048 tokens; the bias changes the first expert of" in capsys.readouterr().out
+  earlier = bias_share_command.main([str(tmp_path), "--batches", "2", "--step", "2"])["layers"]["moe_0"]
+  assert (tmp_path / "analysis" / "bias_share_valid_step2.json").is_file()
+  assert max(map(abs, earlier["bias"])) <= 2e-3 + 1e-7  # two updates of 1e-3 at most, not the latest checkpoint's four
+  assert earlier["bias"] != layer["bias"]
   with pytest.raises(SystemExit) as exit_info:
     bias_share_command.main([str(tmp_path), "--step", "3"])
   assert exit_info.value.code == 2

@@ -96,11 +96,11 @@ NOT_RUN = {
     "configs/mt_files.py": "your own parallel files under /data; tests/data/prepare/test_mt_files.py runs it on small files",
     "configs/mt_paper.py": "the paper's translation model (GPU-size)",
     "configs/tune_cpu.py": "the tuned sweep (87 runs); tests/compare/test_sweep.py runs a tiny one",
-    "configs/tune_routers_cpu.py": "the routers-after-StableMoE sweep (15 new runs of 850 steps); "
+    "configs/tune_routers_cpu.py": "the routers-after-StableMoE sweep (20 new runs of 850 steps); "
                                     "tests/compare/test_sweep.py checks its grid and the committed runs it reuses",
     "configs/compare_cpu.py": "7-8 methods x seeds; tests/compare/test_compare.py runs the comparison",
     "configs/compare_mt_cpu.py": "8 translation methods; tests/compare/test_translation_compare.py runs the comparison",
-    "configs/tune_mt_cpu.py": "the tuned translation comparison (31 runs of 1,000 steps); tests/compare/test_sweep.py runs a "
+    "configs/tune_mt_cpu.py": "the tuned translation comparison (32 runs of 1,000 steps); tests/compare/test_sweep.py runs a "
                               "tiny sweep and tests/compare/test_translation_compare.py a translation comparison",
     "configs/ablate_cpu.py": "the paper's Table 5 ablations, 3 seeds each (hours); tests/compare/test_compare.py runs the "
                              "comparison",

@@ -12,7 +12,7 @@ class RoutingCounts:
   """Accumulates, for one MoE layer, how often each token id goes to each expert, and the gates.
 
   Top-k routing: each of a token's k choices counts once for its expert (the load counts choices, as the training
-  log's does), and the gate metrics read the first choice's gate (``models.routing.routing_health``'s rule).
+  log's does), and the gate metrics read the largest of a token's k gates (``models.routing.routing_health``'s rule).
 
   Args:
     num_experts: N.
@@ -23,8 +23,8 @@ class RoutingCounts:
     self.num_experts, self.vocab_size = num_experts, vocab_size
     self.counts = np.zeros((num_experts, vocab_size), np.int64)  # [N, V]
     self.gate_sum = np.zeros(num_experts, np.float64)  # [N], every choice's gate on its expert
-    self.first_gate_sum = np.zeros(num_experts, np.float64)  # [N], the first choices' gates
-    self.low_gate_count = 0  # tokens whose (first choice's) gate < LOW_GATE
+    self.top_gate_sum = 0.0  # the sum over tokens of each token's largest gate
+    self.low_gate_count = 0  # tokens whose largest gate < LOW_GATE
     self.tokens = 0  # real tokens counted
 
   def add(self, token_ids: np.ndarray, expert_index: np.ndarray, gate: np.ndarray | None = None,
@@ -41,8 +41,9 @@ class RoutingCounts:
     if gate is not None:
       gate = np.reshape(gate, expert_index.shape)[mask]  # [T', k]
       self.gate_sum += np.bincount(choices.ravel(), weights=gate.ravel(), minlength=self.num_experts)
-      self.first_gate_sum += np.bincount(choices[:, 0], weights=gate[:, 0], minlength=self.num_experts)
-      self.low_gate_count += int(np.sum(gate[:, 0] < LOW_GATE))
+      top_gate = gate.max(axis=1)  # [T']
+      self.top_gate_sum += float(top_gate.sum())
+      self.low_gate_count += int(np.sum(top_gate < LOW_GATE))
 
   def top_tokens(self, k: int, id_to_token: Callable[[int], str]) -> list[dict]:
     """Per expert: its token count, its share of all tokens and its k most frequent tokens
@@ -67,7 +68,7 @@ class RoutingCounts:
     the router-health metrics of the training log (``models.routing.routing_health``) over the counted tokens.
 
     Top-k: the load is each expert's share of the choices and ``mean_gate_per_expert`` the mean gate of its
-    choices; ``tokens``, ``mean_gate`` and ``low_gate_fraction`` count tokens, by their first choice's gate."""
+    choices; ``tokens``, ``mean_gate`` and ``low_gate_fraction`` count tokens, by their largest gate."""
     per_expert = self.counts.sum(axis=1)
     total = max(int(per_expert.sum()), 1)
     tokens = max(self.tokens, 1)
@@ -82,7 +83,7 @@ class RoutingCounts:
         "load_balance": entropy / float(np.log(self.num_experts)) if self.num_experts > 1 else 1.0,
         "max_load": float(load.max()),
         "low_gate_fraction": self.low_gate_count / tokens,
-        "mean_gate": float(self.first_gate_sum.sum() / tokens),
+        "mean_gate": self.top_gate_sum / tokens,
         "mean_gate_per_expert": (self.gate_sum / np.maximum(per_expert, 1)).tolist(),
     }
 

@@ -69,7 +69,7 @@ class MoELayer(nn.Module):
   this order within a group: every token's first choice (in the group's order, shuffled or not), then every token's second choice, and so on, so a second
   choice never displaces a first one. Each choice is dispatched as a row of its own (the dispatchers see a group
   of k * T / G rows) and the layer sums the k gated outputs. The load metrics count choices; the gate metrics read
-  the first choice's gate.
+  the largest of a token's k gates (``routing.routing_health``).
 
   Shared experts (``model.moe.shared_experts = n > 0``, DeepSeekMoE): n more expert FFNs of the same shape
   (``shared_experts`` [n, ...], replicated, not split over expert devices) that every token goes through, ungated,

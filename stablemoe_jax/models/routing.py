@@ -133,8 +133,9 @@ def routing_health(expert_index: jax.Array, gate: jax.Array, num_experts: int,
 
   Args:
     expert_index: int32 [T] or [T, k], the expert(s) of each token (the load counts every choice).
-    gate: float [T] or [T, k], the multiplier(s) on the experts' outputs (the gate metrics read the first,
-      highest-ranked choice's gate).
+    gate: float [T] or [T, k], the multiplier(s) on the experts' outputs (the gate metrics read the largest of a
+      token's k gates: the first choice's for Switch top-k, but DeepSeek ranks its choices on affinity + bias, so its
+      first choice can carry the smaller gate, and only the largest stays in the registry's range [scale / k, scale]).
     num_experts: N.
     weights: float32 [T], 1 = a real token, 0 = padding (not counted); None: all real.
 
@@ -145,7 +146,7 @@ def routing_health(expert_index: jax.Array, gate: jax.Array, num_experts: int,
   """
   gate = gate.astype(jnp.float32)
   if gate.ndim == 2:
-    gate = gate[:, 0]
+    gate = jnp.max(gate, axis=-1)
   load = expert_load(expert_index, num_experts, weights)
   entropy = jnp.sum(jax.scipy.special.entr(load))
   return {

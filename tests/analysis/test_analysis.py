@@ -151,16 +151,18 @@ def test_topk_records_round_trip(tmp_path):
   assert fluctuation.summarize(loaded, "inference")["k_set"] == summary["k_set"]
 
 
-def test_cohesion_counts_every_choice_and_gates_by_the_first():
+def test_cohesion_counts_every_choice_and_gates_by_the_largest():
+  # The second token's first choice carries the smaller gate (DeepSeek ranks on affinity + bias); the third token's
+  # gates are both under LOW_GATE; the last one is padding.
   counts = cohesion.RoutingCounts(num_experts=3, vocab_size=10)
-  counts.add(token_ids=[5, 3, 7], expert_index=[[0, 1], [1, 2], [0, 2]], gate=[[0.6, 0.4], [0.005, 0.995], [0.7, 0.3]],
-             mask=[1, 1, 0])
+  counts.add(token_ids=[5, 3, 9, 7], expert_index=[[0, 1], [1, 2], [2, 0], [0, 2]],
+             gate=[[0.6, 0.4], [0.005, 0.995], [0.008, 0.002], [0.7, 0.3]], mask=[1, 1, 1, 0])
   stats = counts.load_stats()
-  assert stats["tokens"] == 2 and stats["load"] == pytest.approx([1 / 4, 2 / 4, 1 / 4])
-  assert stats["mean_gate"] == pytest.approx((0.6 + 0.005) / 2) and stats["low_gate_fraction"] == 0.5
-  assert stats["mean_gate_per_expert"] == pytest.approx([0.6, (0.4 + 0.005) / 2, 0.995])
+  assert stats["tokens"] == 3 and stats["load"] == pytest.approx([2 / 6, 2 / 6, 2 / 6])
+  assert stats["mean_gate"] == pytest.approx((0.6 + 0.995 + 0.008) / 3) and stats["low_gate_fraction"] == 1 / 3
+  assert stats["mean_gate_per_expert"] == pytest.approx([(0.6 + 0.002) / 2, (0.4 + 0.005) / 2, (0.995 + 0.008) / 2])
   table = counts.top_tokens(2, id_to_token=str)
-  assert [[t["id"] for t in row["top"]] for row in table] == [[5], [3, 5], [3]]
+  assert [[t["id"] for t in row["top"]] for row in table] == [[5, 9], [3, 5], [3, 9]]
 
 def test_cohesion_counts_of_a_hand_routed_example():
   counts = cohesion.RoutingCounts(num_experts=3, vocab_size=10)

@@ -15,7 +15,7 @@ from stablemoe_jax.core.settings import DeepSeekSettings
 from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models import deepseek_router, routers
 from stablemoe_jax.models.moe import make_moe_layer
-from stablemoe_jax.models.routing import METRICS
+from stablemoe_jax.models.routing import METRICS, routing_health
 
 D, FF, E, SUB, VOCAB = 8, 16, 4, 2, 11
 
@@ -60,6 +60,25 @@ def test_choices_on_affinity_plus_bias_and_gates_without_it_by_hand():
   np.testing.assert_allclose(np.sum(routing.gate, axis=-1), 2.5, rtol=1e-6)  # the scale, whatever the bias
   unbiased, _ = hand_route(p["centroids"], np.zeros(E), np.asarray(h, np.float64), 2, 2.5)
   assert not np.array_equal(unbiased, want_index)  # the bias changed some choice
+
+
+def test_gate_metrics_read_each_tokens_largest_gate_when_the_bias_ranks_the_smaller_first():
+  # A bias of +1 on expert 0 ranks it first for every token, whatever its affinity; its gate is then the smaller
+  # of the two for the tokens whose other choice has the larger affinity, so only the largest gate stays in the
+  # verdict's range [scale / k, scale].
+  router = deepseek_router.DeepSeekRouter(num_experts=E, top_k=2, routed_scale=1.0)
+  h = jax.random.normal(jax.random.key(0), (16, D))
+  params = jit_init(router, 1, h, jnp.zeros((16,), jnp.int32), jnp.array(True))["params"]
+  params = {**params, "centroids": jax.random.normal(jax.random.key(2), (E, D)),
+            "expert_bias": jnp.asarray([1.0, 0.0, 0.0, 0.0])}
+  routing = router.apply({"params": params}, h, jnp.zeros((16,), jnp.int32), jnp.array(True))
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  choices, gates = hand_route(p["centroids"], p["expert_bias"], np.asarray(h, np.float64), 2, 1.0)
+  assert (choices[:, 0] == 0).all() and (gates[:, 0] < 0.5).sum() >= 4  # the first choice's gate under 1 / k
+  health = jax.device_get(routing_health(routing.expert_index, routing.gate, E))
+  np.testing.assert_allclose(health["mean_gate"], gates.max(-1).mean(), rtol=1e-5)
+  np.testing.assert_allclose(health["low_gate_fraction"], np.mean(gates.max(-1) < 0.01))
+  assert 0.5 <= health["mean_gate"] <= 1.0
 
 
 def test_the_bias_gets_no_gradient():
@@ -179,7 +198,7 @@ def test_gate_range_and_planted_collapses_are_caught():
   from stablemoe_jax.train import health
   settings = _guard_settings(routed_scale=2.0)
   assert (settings.gate, settings.top_k, settings.gate_scale) == ("softmax", 2, 2.0)
-  assert health.gate_range(settings, {}) == (1.0, 2.0)  # the first of two normalised affinities, x 2
+  assert health.gate_range(settings, {}) == (1.0, 2.0)  # the larger of two normalised affinities, x 2
   guard = health.CollapseGuard(settings, start_step=10)
   found = guard.observe(20, {"moe/moe_0/mean_gate": 1.001, "moe/moe_0/load_balance": 0.9,
                              "moe/moe_0/load": [0.125] * 8})

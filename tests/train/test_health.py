@@ -50,6 +50,24 @@ def test_health_metrics_of_a_hand_built_routing():
   assert float(collapsed["low_gate_fraction"]) == 1.0
 
 
+# 4 tokens, top-2 of 3 experts: the gate metrics read each token's largest gate, wherever the router ranked it.
+# Token 1's first choice carries the smaller gate (0.005, its largest 0.995: not low); token 2's largest is 0.008
+# (low); token 3's is exactly 0.01 (not low).
+TOPK_INDEX = [[0, 1], [1, 2], [2, 0], [0, 2]]
+TOPK_GATES = [[0.6, 0.4], [0.005, 0.995], [0.008, 0.002], [0.01, 0.003]]
+
+
+def test_topk_gate_metrics_read_each_tokens_largest_gate_in_the_log_and_the_analysis():
+  metrics = jax.device_get(routing_health(jnp.array(TOPK_INDEX, jnp.int32), jnp.array(TOPK_GATES, jnp.float32), 3))
+  assert metrics["mean_gate"] == pytest.approx((0.6 + 0.995 + 0.008 + 0.01) / 4)
+  assert metrics["low_gate_fraction"] == 1 / 4
+  counts = cohesion.RoutingCounts(num_experts=3, vocab_size=10)
+  counts.add(token_ids=np.arange(4), expert_index=TOPK_INDEX, gate=TOPK_GATES)
+  stats = counts.load_stats()
+  assert stats["mean_gate"] == pytest.approx(float(metrics["mean_gate"]), rel=1e-6)
+  assert stats["low_gate_fraction"] == 1 / 4
+
+
 def test_analysis_load_stats_carry_the_same_metrics():
   counts = cohesion.RoutingCounts(num_experts=4, vocab_size=10)
   counts.add(token_ids=np.arange(8) % 10, expert_index=EXPERT_INDEX, gate=GATES)

@@ -1,4 +1,4 @@
-"""Which tokens a trained MoE layer declines (gate < 0.01), and whether its training routing forced them there.
+"""Which tokens a trained MoE layer declines (largest gate < 0.01), and whether its training routing forced them there.
 
 A router with a forced balance (BASE Layer's balanced assignment) puts some tokens on an expert other than their
 greedy argmax; its sigmoid gate can then decline them. The collapse guard's low-gate rule counts those declines with
@@ -8,7 +8,9 @@ the ones a token's own best expert makes, so a flag on such a router may mean a 
 Tokens are routed as in training (stage 1's routing, dropout off) in batches of the training shape
 (``train.batch_size`` x ``train.seq_len``: the balanced assignment is per batch), and as at inference. "Forced":
 the two disagree (for BASE: the assignment moved the token off its greedy expert; for a router whose training and
-inference routing agree, such as Switch or Hash, none is).
+inference routing agree, such as Switch or Hash, none is). A top-k router's token is forced when its set of k training
+experts differs from its inference set, and declined when its largest gate is under 0.01, as the collapse guard
+counts it.
 """
 from __future__ import annotations
 
@@ -28,10 +30,13 @@ class DeclinedCounts:
     self.tokens = self.forced = self.declined_forced = self.declined_own = 0
     self.gate_sum_forced = self.gate_sum_own = 0.0
 
-  def add(self, train_expert: np.ndarray, gate: np.ndarray, inference_expert: np.ndarray, mask: np.ndarray) -> None:
-    """One batch: [T] training expert, its gate, inference expert; ``mask`` [T] true for real tokens."""
-    forced = (train_expert != inference_expert) & mask
-    own = (train_expert == inference_expert) & mask
+  def add(self, train_experts: np.ndarray, gate: np.ndarray, inference_experts: np.ndarray,
+          mask: np.ndarray) -> None:
+    """One batch: [T, k] training choices (or [T] for top-1), [T] each token's largest training gate, [T, k] (or [T])
+    inference choices; ``mask`` [T] true for real tokens. Forced: the two sets of choices differ."""
+    as_sets = lambda experts: np.sort(np.asarray(experts).reshape(len(mask), -1), axis=-1)
+    moved = (as_sets(train_experts) != as_sets(inference_experts)).any(axis=-1)
+    forced, own = moved & mask, ~moved & mask
     declined = gate < LOW_GATE
     self.tokens += int(mask.sum())
     self.forced += int(forced.sum())
@@ -63,11 +68,11 @@ def declined_tokens(exp, params, split: str = "valid", max_batches: int = 20) ->
   for index, batch in enumerate(exp.task.eval_batches(exp.data, cfg, split)):
     if 0 < max_batches <= index:
       break
-    train_expert, gate, inference_expert = jax.device_get(route(params, global_inputs(exp, batch)))
-    for layer in train_expert:
+    train_choices, gate, inference_choices = jax.device_get(route(params, global_inputs(exp, batch)))
+    for layer in train_choices:
       _, mask = exp.task.routing_tokens(layer, batch)
       counts.setdefault(layer, DeclinedCounts()).add(
-          np.asarray(train_expert[layer]), np.asarray(gate[layer], np.float32), np.asarray(inference_expert[layer]),
+          np.asarray(train_choices[layer]), np.asarray(gate[layer], np.float32), np.asarray(inference_choices[layer]),
           np.asarray(mask, bool).reshape(-1))
   if not counts:
     raise ValueError("the model has no MoE layer to analyse (model.moe.enabled is False).")

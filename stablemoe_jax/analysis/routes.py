@@ -71,14 +71,19 @@ def make_sample_router(model, seed: int, choices: bool = False):
 
 
 def make_declining_router(model):
-  """``(params, inputs) -> ({layer: int32 [T]} training expert, {layer: [T]} its gate, {layer: int32 [T]} inference
-  expert)``: stage 1's training routing with dropout off (``model``: ``analysis_model``'s), and the inference
-  routing; ``inputs`` as ``make_sample_router``'s."""
+  """``(params, inputs) -> ({layer: int32 [T, k]} training choices, {layer: [T]} each token's largest training
+  gate, {layer: int32 [T, k]} inference choices)``: stage 1's training routing with dropout off (``model``:
+  ``analysis_model``'s), and the inference routing; choices first first (k = 1: [T, 1]); ``inputs`` as
+  ``make_sample_router``'s. The largest gate is the one the collapse guard's low-gate rule reads
+  (``models.routing.routing_health``): a top-k router may rank first a choice with a smaller gate."""
   key = jax.random.key(0)
 
   def route(params, inputs):
     train, inference = _training_and_inference(model, key, params, inputs, jnp.array(True))
-    return _sown(train, "expert_index"), _sown(train, "gate"), _sown(inference, "expert_index")
+    first_gates, every_gate = _sown(train, "gate"), _sown(train, "gate_choices")
+    largest = {layer: every_gate[layer].max(axis=-1) if layer in every_gate else gate
+               for layer, gate in first_gates.items()}
+    return _choices(train), largest, _choices(inference)
 
   return route
 

@@ -1,5 +1,5 @@
-"""Declined tokens (analysis/declined.py, commands/declined.py): the counts by hand, and on tiny BASE and Hash models
-against the routing records' functions and the layer's own health metrics."""
+"""Declined tokens (analysis/declined.py, commands/declined.py): the counts by hand (top-1 and top-k), and on tiny
+BASE, Hash and DeepSeek (top-2) models against the routing records' functions and the layer's own health metrics."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from flax import traverse_util
 from tests.conftest import share_prepared_ptb, train_tiny_run
 
 from stablemoe_jax.analysis.declined import DeclinedCounts, declined_tokens
@@ -16,7 +17,7 @@ from stablemoe_jax.analysis.report import global_inputs
 from stablemoe_jax.analysis.routes import analysis_model, make_sample_router
 from stablemoe_jax.commands import declined as declined_command
 from stablemoe_jax.experiment import loop
-from stablemoe_jax.models.routing import METRICS
+from stablemoe_jax.models.routing import METRICS, ROUTING
 
 
 def test_counts_of_a_hand_made_batch():
@@ -37,6 +38,20 @@ def test_counts_of_a_hand_made_batch():
   assert DeclinedCounts().summary()["forced_fraction"] is None  # nothing counted: no ratio, not a division error
 
 
+def test_top_k_counts_compare_sets_of_choices_and_read_the_largest_gate():
+  counts = DeclinedCounts()
+  train = np.array([[0, 1], [2, 3], [1, 0], [3, 2]])
+  inference = np.array([[1, 0], [2, 1], [1, 0], [0, 2]])  # token 0: same set in another order (own); 1, 3 forced
+  largest_gate = np.array([0.004, 0.6, 0.01, 0.009])  # tokens 0 and 3 declined; exactly LOW_GATE is not
+  counts.add(train, largest_gate, inference, np.ones(4, bool))
+  summary = counts.summary()
+  assert summary["forced_fraction"] == pytest.approx(2 / 4)
+  assert summary["low_gate_fraction"] == pytest.approx(2 / 4)
+  assert summary["low_gate_fraction_forced"] == pytest.approx(1 / 2)  # token 3 of tokens 1, 3
+  assert summary["low_gate_fraction_own"] == pytest.approx(1 / 2)  # token 0 of tokens 0, 2
+  assert summary["mean_gate_forced"] == pytest.approx((0.6 + 0.009) / 2)
+
+
 def _experiment(tiny_config, prepared_ptb, tmp_path, router):
   config = ml_collections.ConfigDict(tiny_config.to_dict())
   config.model.moe.router = router
@@ -45,31 +60,45 @@ def _experiment(tiny_config, prepared_ptb, tmp_path, router):
 
 
 def _reference(exp, params, batches):
-  """Forced share from the routing records' router, low-gate share from the layer's sown training metrics."""
+  """Forced share from the routing records' router (every choice, compared as sets); low-gate share and mean gate
+  from the layer's sown training metrics (each token's largest gate); the first choice's sown gates."""
   cfg = exp.config
   model = analysis_model(exp.task, cfg.model)
-  sample_router = jax.jit(make_sample_router(model, cfg.seed), static_argnums=2)
-  forced, low, tokens = 0.0, 0.0, 0
+  sample_router = jax.jit(make_sample_router(model, cfg.seed, choices=True), static_argnums=2)
+  forced, low, mean_gate, tokens, first_gates = 0.0, 0.0, 0.0, 0, []
   for batch in batches:
     inputs = global_inputs(exp, batch)
     train, inference = sample_router(params, inputs, True)
     _, sown = model.apply({"params": params}, *inputs, jnp.array(True), deterministic=False,
-                          rngs={"dropout": jax.random.key(0)}, mutable=[METRICS])
-    low_fraction = [v for k, v in jax.tree_util.tree_flatten_with_path(sown[METRICS])[0]
-                    if "low_gate_fraction" in jax.tree_util.keystr(k)]
+                          rngs={"dropout": jax.random.key(0)}, mutable=[METRICS, ROUTING])
+    metric = lambda name: [v for k, v in jax.tree_util.tree_flatten_with_path(sown[METRICS])[0]
+                           if name in jax.tree_util.keystr(k)][0]
+    first_gates.append(np.asarray(jax.tree_util.tree_leaves(sown[ROUTING]["moe_0"]["gate"])[0]))
     n = int((np.asarray(batch["weights"]) > 0).sum())
     assert n == batch["weights"].size  # full batches: the metric's weighted mean is a plain mean
-    forced += float((np.asarray(train["moe_0"]) != np.asarray(inference["moe_0"])).sum())
-    low += float(low_fraction[0]) * n
+    train_sets, inference_sets = (np.sort(np.asarray(r["moe_0"]), axis=-1) for r in (train, inference))
+    forced += float((train_sets != inference_sets).any(axis=-1).sum())
+    low += float(metric("low_gate_fraction")) * n
+    mean_gate += float(metric("mean_gate")) * n
     tokens += n
-  return forced / tokens, low / tokens
+  return forced / tokens, low / tokens, mean_gate / tokens, np.concatenate(first_gates)
 
 
-@pytest.mark.parametrize("router", ["base", "hash"])
+def _rank_expert_0_first(params):
+  """A DeepSeek model's params with a bias of +1 on expert 0: it is every token's first choice, whatever its
+  affinity, so its gate is the smaller of a token's two wherever the other expert's affinity is the larger."""
+  flat = traverse_util.flatten_dict(params)
+  return traverse_util.unflatten_dict({k: (v.at[0].set(1.0) if k[-1] == "expert_bias" else v)
+                                       for k, v in flat.items()})
+
+
+@pytest.mark.parametrize("router", ["base", "hash", "deepseek"])
 def test_forced_and_declined_shares_match_independent_routing_and_metrics(tiny_config, prepared_ptb, tmp_path, router):
   exp = _experiment(tiny_config, prepared_ptb, tmp_path, router)
   try:
     params = exp.init_state().params
+    if router == "deepseek":
+      params = _rank_expert_0_first(params)
     layers = declined_tokens(exp, params, "valid", max_batches=3)
     cfg = ml_collections.ConfigDict(exp.config.to_dict())
     cfg.eval.batch_size, cfg.eval.seq_len = cfg.train.batch_size, cfg.train.seq_len
@@ -79,11 +108,15 @@ def test_forced_and_declined_shares_match_independent_routing_and_metrics(tiny_c
   assert list(layers) == ["moe_0"]
   summary = layers["moe_0"]
   assert summary["tokens"] == 3 * cfg.train.batch_size * cfg.train.seq_len
-  forced, low = _reference(exp, params, batches)
+  forced, low, mean_gate, first_gates = _reference(exp, params, batches)
   assert summary["forced_fraction"] == pytest.approx(forced)
   assert summary["low_gate_fraction"] == pytest.approx(low, abs=1e-6)
   if router == "hash":  # the same table in training and at inference; gate 1
     assert summary["forced_fraction"] == 0.0 and summary["low_gate_fraction"] == 0.0
+  elif router == "deepseek":  # top-2, the same biased ranking in training and at inference: the largest gate's mean
+    assert summary["forced_fraction"] == 0.0
+    assert (first_gates < 0.5).sum() >= 10  # the first choice's gate is not the largest for these tokens
+    assert summary["mean_gate_own"] == pytest.approx(mean_gate, rel=1e-5) and summary["mean_gate_own"] >= 0.5
   else:  # the balanced assignment moves some tokens off their argmax at initialisation already
     assert 0.0 < summary["forced_fraction"] < 1.0
 

@@ -5,6 +5,7 @@ against dense, and each MoE layer's worth and verdict are recomputed from ``resu
 from __future__ import annotations
 
 import json
+import re
 
 from tests.compare.doc_tables import (check_report_is_committed_runs, check_rows_are_report, interval_cell,
                                       markdown_rows, spread_cell)
@@ -66,3 +67,17 @@ def test_table4_is_the_committed_report():
 def test_table4_report_is_the_committed_runs():
   """The committed report is the runs in results/tune_mt_cpu: every reported run's summary is the one on disk."""
   check_report_is_committed_runs(json.loads(REPORT.read_text()), REPO, ("valid", "bleu"))
+
+
+def test_the_progress_counts_are_the_committed_runs():
+  """While the sweep runs, README's heading and docs/translation.md say how many of its runs have finished: the
+  number of finished runs (a ``summary.json`` each) under results/tune_mt_cpu."""
+  finished = len(list(REPORT.parent.glob("*/*/seed*/summary.json")))
+  heading = re.search(r"in progress, (\d+) of 32 runs\)", (REPO / "README.md").read_text())
+  docs = re.search(r"\*\*In progress: (\d+) of 32\*\*", (REPO / "docs" / "translation.md").read_text())
+  if finished == 32:  # done: neither may still say "in progress"
+    assert heading is None and docs is None, "the sweep has finished: drop 'in progress' from README and the docs"
+    return
+  assert heading and docs, "README's Table 4 heading and docs/translation.md must say how many runs have finished"
+  assert int(heading.group(1)) == int(docs.group(1)) == finished, (
+      f"README says {heading.group(1)} and docs/translation.md {docs.group(1)} of 32 runs; {finished} have finished")

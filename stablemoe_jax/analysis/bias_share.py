@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from stablemoe_jax.analysis.report import global_inputs
-from stablemoe_jax.analysis.routes import analysis_model, make_split_router, sorted_layers
+from stablemoe_jax.analysis.routes import analysis_model, choice_sets_differ, make_split_router, sorted_layers
 from stablemoe_jax.models.deepseek_router import split_bias
 
 
@@ -28,7 +28,7 @@ class OverriddenCounts:
   def add(self, biased: np.ndarray, unbiased: np.ndarray, mask: np.ndarray) -> None:
     """One batch: int [T, k] choices as trained and with the bias at 0 (first first); ``mask`` [T] real tokens."""
     first = biased[:, 0] != unbiased[:, 0]
-    every = np.any(np.sort(biased, axis=1) != np.sort(unbiased, axis=1), axis=1)
+    every = choice_sets_differ(biased, unbiased)
     self.tokens += int(mask.sum())
     self.first_changed += int((first & mask).sum())
     self.set_changed += int((every & mask).sum())

@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from stablemoe_jax.analysis.report import global_inputs
-from stablemoe_jax.analysis.routes import analysis_model, make_declining_router, sorted_layers
+from stablemoe_jax.analysis.routes import analysis_model, choice_sets_differ, make_declining_router, sorted_layers
 from stablemoe_jax.models.routing import LOW_GATE
 
 
@@ -34,8 +34,7 @@ class DeclinedCounts:
           mask: np.ndarray) -> None:
     """One batch: [T, k] training choices (or [T] for top-1), [T] each token's largest training gate, [T, k] (or [T])
     inference choices; ``mask`` [T] true for real tokens. Forced: the two sets of choices differ."""
-    as_sets = lambda experts: np.sort(np.asarray(experts).reshape(len(mask), -1), axis=-1)
-    moved = (as_sets(train_experts) != as_sets(inference_experts)).any(axis=-1)
+    moved = choice_sets_differ(train_experts, inference_experts)
     forced, own = moved & mask, ~moved & mask
     declined = gate < LOW_GATE
     self.tokens += int(mask.sum())

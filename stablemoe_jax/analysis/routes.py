@@ -100,6 +100,13 @@ def make_split_router(model):
   return route
 
 
+def choice_sets_differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """int [T, k] (or [T] for top-1) choices twice -> bool [T]: the token's two sets of experts differ (order
+  ignored)."""
+  as_sets = lambda choices: np.sort(np.asarray(choices).reshape(len(choices), -1), axis=-1)
+  return (as_sets(a) != as_sets(b)).any(axis=-1)
+
+
 def stack_layers(per_layer: dict) -> tuple[list[str], np.ndarray]:
   """{layer: [T, ...]} (device or host) -> (layer names in model order, numpy [L, T, ...])."""
   per_layer = jax.device_get(per_layer)

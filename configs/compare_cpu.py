@@ -41,5 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Paired differences in the report: "" pairs every method with dense; "ABLATION:BASELINE,..." pairs each ablation
   # with the method it ablates instead (configs/ablate_cpu.py).
   config.compare.pairs = ""
+  # Contrasts beside that pairing, "A:B,...": each A paired with B on the same seeds (e.g. router against router).
+  config.compare.contrasts = ""
   config.compare.report_only = False  # True: train nothing, report the finished runs
   return config

@@ -26,6 +26,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.compare.grid.warmup_steps = "200"
   config.compare.grid.steps = 0  # select at the full 1,000 steps: the grid's run is seed 0 of its setting
   config.compare.results_dir = "results/tune_mt_cpu"
+  # The paper's ordering (StableMoE > BASE > Hash > Switch > the larger dense > dense), pair by pair on seeds 1-3.
+  config.compare.contrasts = ("stablemoe:base,stablemoe:hash,stablemoe:switch,base:hash,base:switch,hash:switch,"
+                              "dense_flops:dense,stablemoe:dense_flops,base:dense_flops,hash:dense_flops,"
+                              "switch:dense_flops")
   config.train.eval_every = 125  # 7 points of validation NLL against target tokens (Figure 5's shape)
   config.train.checkpoint_every = 125
   return config

@@ -33,7 +33,8 @@ def main(argv: list[str]) -> None:
   if "compare" not in config:
     raise ConfigError(f"the config has no compare section (compare.methods, compare.seeds); "
                       f"use --config configs/compare_cpu.py or add one.")
-  report.pairs_of(config)  # a bad compare.pairs stops here, before any training
+  report.pairs_of(config)  # a bad compare.pairs or compare.contrasts stops here, before any training
+  report.contrasts_of(config)
   train = not typed(CompareSettings, config.compare, "compare").report_only
   if sweep.parse_grid(config) is not None:  # each method at its best: a grid, the choice, seeds at the choice
     result = sweep.run_sweep(config, _WORKDIR.value, train=train)

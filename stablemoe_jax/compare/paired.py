@@ -107,18 +107,34 @@ def paired_differences(records: list[dict], baseline: str = "dense",
   return result
 
 
-def parse_pairs(text: str, methods: list[str]) -> dict[str, str]:
+def parse_pairs(text: str, methods: list[str], key: str = "compare.pairs") -> dict[str, str]:
   """``compare.pairs`` "ABLATION:BASELINE,..." -> {ablation: baseline}; both must be compared methods."""
-  pairs = {}
+  return dict(parse_contrasts(text, methods, key))
+
+
+def parse_contrasts(text: str, methods: list[str], key: str = "compare.contrasts") -> list[tuple[str, str]]:
+  """``key`` "A:B,..." -> [(A, B), ...] in order; both of each must be compared methods."""
+  contrasts = []
   for item in str(text or "").split(","):
     if not item.strip():
       continue
     method, sep, against = (part.strip() for part in item.partition(":"))
     if not sep or method not in methods or against not in methods:
-      raise ConfigError(f"compare.pairs={text!r}: {item.strip()!r} must be METHOD:BASELINE with both in "
-                       f"compare.methods={methods}, e.g. --config.compare.pairs=base_fixed:base.")
-    pairs[method] = against
-  return pairs
+      raise ConfigError(f"{key}={text!r}: {item.strip()!r} must be METHOD:BASELINE with both in "
+                       f"compare.methods={methods}, e.g. --config.{key}=base_fixed:base.")
+    contrasts.append((method, against))
+  return contrasts
+
+
+def contrast_differences(records: list[dict], contrasts: list[tuple[str, str]]) -> list[tuple[str, dict]]:
+  """Each contrast (A, B) as ``(A, paired_differences entry of A against B)``, in order; a contrast one of whose
+  methods has no run is left out."""
+  entries = []
+  for method, against in contrasts:
+    entry = paired_differences(records, pairs={method: against}).get(method)
+    if entry is not None:
+      entries.append((method, entry))
+  return entries
 
 
 def _cell(stats: dict, digits: int = 2) -> str:
@@ -142,15 +158,16 @@ _TRANSLATION_COLUMNS = (_TRAIN_LOSS_COLUMN,
                         ("BLEU", lambda e: e["bleu"]["reading"]))
 
 
-def markdown(paired: dict[str, dict], labels: dict[str, str]) -> str:
-  """The paired table: per method, its baseline, seeds, valid and test PPL difference with 95% intervals (for
-  translation: validation NLL and average test BLEU)."""
-  if not paired:
+def markdown(paired: dict[str, dict] | list[tuple[str, dict]], labels: dict[str, str]) -> str:
+  """The paired table: per method (or contrast, ``contrast_differences``), its baseline, seeds, valid and test PPL
+  difference with 95% intervals (for translation: validation NLL and average test BLEU)."""
+  entries = list(paired.items()) if isinstance(paired, dict) else list(paired)
+  if not entries:
     return ""
-  columns = _TRANSLATION_COLUMNS if all("bleu" in entry for entry in paired.values()) else _LM_COLUMNS
+  columns = _TRANSLATION_COLUMNS if all("bleu" in entry for _, entry in entries) else _LM_COLUMNS
   lines = ["| method | against | paired seeds | " + " | ".join(header for header, _ in columns) + " |",
            "|---" * (3 + len(columns)) + "|"]
-  for method, entry in paired.items():
+  for method, entry in entries:
     cells = [labels.get(method, method), labels.get(entry["baseline"], entry["baseline"]),
              ", ".join(str(s) for s in entry["seeds"]) or "--", *(cell(entry) for _, cell in columns)]
     lines.append("| " + " | ".join(cells) + " |")

@@ -369,11 +369,24 @@ def sets_section(rows: list[dict], differences: dict[str, dict], pairs: dict[str
              f"interval):\n\n{set_differences}" if set_differences else ""))
 
 
+def contrasts_section(records: list[dict], contrasts: list[tuple[str, str]], labels: dict[str, str]) -> str:
+  """``compare.contrasts``: each A paired with B on their shared seeds (``paired.contrast_differences``); "" when
+  none is set or none has runs of both."""
+  table = paired.markdown(paired.contrast_differences(records, contrasts), labels)
+  if not table:
+    return ""
+  return ("\n## Contrasts\n\nEach method's run minus the other's run of the same seed (`compare.contrasts`), mean "
+          "over the paired seeds and its 95% Student-t interval; \"lower\" / \"higher\" only where the interval "
+          "excludes 0.\n\n" + table)
+
+
 def paired_sections(config, rows: list[dict], records: list[dict], labels: dict[str, str]) -> str:
-  """The paired section and the per-set section, from one pairing of the runs (``compare.pairs``, or dense)."""
+  """The paired section and the per-set section, from one pairing of the runs (``compare.pairs``, or dense), then
+  the contrasts (``compare.contrasts``)."""
   pairs = pairs_of(config)
   differences = paired.paired_differences(records, pairs=pairs)
-  return paired_section(differences, labels, pairs) + sets_section(rows, differences, pairs)
+  return (paired_section(differences, labels, pairs) + sets_section(rows, differences, pairs)
+          + contrasts_section(records, contrasts_of(config), labels))
 
 
 def pairs_of(config) -> dict[str, str] | None:
@@ -381,6 +394,12 @@ def pairs_of(config) -> dict[str, str] | None:
   compare = typed(CompareSettings, config.compare, "compare")
   methods = [m.strip() for m in compare.methods.split(",") if m.strip()]
   return paired.parse_pairs(compare.pairs, methods) or None
+
+
+def contrasts_of(config) -> list[tuple[str, str]]:
+  """``compare.contrasts`` as [(A, B), ...]; a bad value is a ConfigError."""
+  compare = typed(CompareSettings, config.compare, "compare")
+  return paired.parse_contrasts(compare.contrasts, [m.strip() for m in compare.methods.split(",") if m.strip()])
 
 
 def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[dict]:

@@ -15,6 +15,7 @@ from stablemoe_jax.compare import paired, runner, sweep
 from stablemoe_jax.experiment.config_validation import ConfigError
 
 T_975_2 = 4.302652729749464  # Student t, 2 degrees of freedom, 0.975 quantile (any t table: 4.303)
+T_975_1 = 12.706204736174698  # Student t, 1 degree of freedom, 0.975 quantile (any t table: 12.706)
 
 
 # --- the paired interval and its reading -----------------------------------------------------------------------------
@@ -102,6 +103,34 @@ def test_parse_pairs_accepts(text, expected):
 def test_parse_pairs_refuses_with_one_line(text):
   with pytest.raises(ConfigError, match="must be METHOD:BASELINE with both in compare.methods"):
     paired.parse_pairs(text, ["a", "b", "c"])
+
+
+def test_contrasts_keep_their_order_and_a_method_on_the_left_twice():
+  assert paired.parse_contrasts(" a:b, a:c ,c:b,", ["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("c", "b")]
+  with pytest.raises(ConfigError, match=r"^compare.contrasts='a:z': 'a:z' must be METHOD:BASELINE with both in"):
+    paired.parse_contrasts("a:z", ["a", "b", "c"])
+
+
+def test_a_contrast_is_each_seed_of_one_method_minus_the_other_seed_by_seed():
+  """Router against router, by hand: A's NLL minus B's of the same seed, on the seeds both have (B has no seed 3),
+  beside a third method that no contrast names; a contrast whose method has no run is left out."""
+  def run(method, seed, nll, bleu):
+    return {"method": method, "seed": seed, "train_loss": nll + 1.0,
+            "summary": {"valid": {"perplexity": math.exp(nll), "loss": nll}, "test": {"perplexity": 1.0},
+                        "bleu": {"average": bleu}}}
+  records = [run("a", 1, 2.0, 20.0), run("a", 2, 2.1, 21.0), run("a", 3, 2.2, 22.0),
+             run("b", 1, 2.3, 19.0), run("b", 2, 2.5, 19.5), run("dense", 1, 9.0, 1.0), run("dense", 2, 9.0, 1.0)]
+  entries = paired.contrast_differences(records, [("a", "b"), ("b", "a"), ("a", "missing")])
+  assert [(method, entry["baseline"], entry["seeds"]) for method, entry in entries] == [("a", "b", [1, 2]),
+                                                                                         ("b", "a", [1, 2])]
+  assert entries[0][1]["valid_nll"]["differences"] == pytest.approx([-0.3, -0.4])
+  assert entries[0][1]["train_loss"]["differences"] == pytest.approx([-0.3, -0.4])
+  assert entries[1][1]["bleu"]["differences"] == pytest.approx([-1.0, -1.5])
+  mean, half = -0.35, T_975_1 * math.sqrt(0.005) / math.sqrt(2)  # two pairs: sd of (-0.3, -0.4) is sqrt(0.005)
+  assert (entries[0][1]["valid_nll"]["low"], entries[0][1]["valid_nll"]["high"]) == pytest.approx((mean - half,
+                                                                                                     mean + half))
+  table = paired.markdown(entries, {"a": "A", "b": "B"})
+  assert table.splitlines()[2].startswith("| A | B | 1, 2 | -0.350 [") and table.splitlines()[3].startswith("| B | A |")
 
 
 # --- the selection budget and its stage 1 ----------------------------------------------------------------------------

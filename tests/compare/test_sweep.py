@@ -425,6 +425,7 @@ def test_a_method_with_one_setting_trains_no_selection_run_and_pairs_with_its_ba
   config = _sweep_config(tiny_config, methods="stablemoe_all,stablemoe_assigned", seeds=2, rates="", warmups="")
   config.compare.grid.per_method = "stablemoe_all=3e-3/2;stablemoe_assigned=3e-3/2"
   config.compare.pairs = "stablemoe_assigned:stablemoe_all"
+  config.compare.contrasts = "stablemoe_all:stablemoe_assigned"  # beside the pairing, the other way round
   result = sweep.run_sweep(config, tmp_path, log=lambda line, **_: None)
   assert sorted(seed for *_, seed in fake_training) == [1, 1, 2, 2]  # no seed-0 selection run
   assert result["choices"]["stablemoe_all"]["fixed"] and result["choices"]["stablemoe_all"]["name"] == "lr0.003_warmup2"
@@ -434,6 +435,12 @@ def test_a_method_with_one_setting_trains_no_selection_run_and_pairs_with_its_ba
   line = next(l for l in table.splitlines() if l.startswith("| StableMoE, the paper's balance loss (assigned) | "
                                                             "StableMoE, balance loss over all tokens (all) |"))
   assert "| 1, 2 | +0.00 [+0.00, +0.00] |" in line  # the fake's valid PPL depends on the setting, not the method
+  contrasts = table[table.index("## Contrasts"):]
+  assert ("| StableMoE, balance loss over all tokens (all) | StableMoE, the paper's balance loss (assigned) | 1, 2 |"
+          in contrasts)
+  config.compare.contrasts = ""
+  sweep_report.write_sweep_reports(config, result, tmp_path)
+  assert "## Contrasts" not in (tmp_path / "comparison.md").read_text()
   config.compare.pairs = "stablemoe_assigned:dense"
   with pytest.raises(ConfigError, match="must be METHOD:BASELINE with both in compare.methods"):
     report.pairs_of(config)

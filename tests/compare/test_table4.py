@@ -4,6 +4,7 @@ against dense, and each MoE layer's worth and verdict are recomputed from ``resu
 (the runs' own summaries), and a method whose seeds are in the report cannot stay marked as not finished."""
 from __future__ import annotations
 
+import importlib
 import json
 import re
 
@@ -11,7 +12,7 @@ from tests.compare.doc_tables import (check_report_is_committed_runs, check_rows
                                       markdown_rows, spread_cell)
 from tests.conftest import REPO
 
-from stablemoe_jax.compare import paired
+from stablemoe_jax.compare import paired, report as report_lib
 
 REPORT = REPO / "results" / "tune_mt_cpu" / "comparison.json"
 HEADER = "| method (Table 4 at laptop scale, 1,000 steps) | chosen lr (seed 0) |"
@@ -24,6 +25,9 @@ LABELS = {
     "Hash Layer": "hash",
     "dense of the MoE's FLOPs a token": "dense_flops",
 }
+CONTRASTS_HEADER = "| contrast (A - B, paired on the seeds both report) |"
+SHORT_LABELS = {"stablemoe": "StableMoE", "dense": "dense", "switch": "Switch", "base": "BASE", "hash": "Hash",
+                "dense_flops": "dense of the MoE's FLOPs"}
 PAIRS = ("de-en", "fr-en", "cs-en", "es-en")
 LAYERS = ("encoder_moe_0", "decoder_moe_0")
 
@@ -62,6 +66,20 @@ def expected_cells(report: dict, method: str) -> list[str]:
 def test_table4_is_the_committed_report():
   check_rows_are_report(markdown_rows(REPO / "README.md", HEADER), LABELS, json.loads(REPORT.read_text()),
                         expected_cells, choice_cell, "README's Table 4")
+
+
+def test_contrasts_table_is_every_contrast_with_runs():
+  """README's router-against-router table has one row per ``compare.contrasts`` of configs/tune_mt_cpu.py whose two
+  methods have reported seeds, in order, each recomputed from the committed runs: A minus B seed by seed."""
+  report = json.loads(REPORT.read_text())
+  contrasts = report_lib.contrasts_of(importlib.import_module("configs.tune_mt_cpu").get_config())
+  expected = {f"{SHORT_LABELS[method]} - {SHORT_LABELS[entry['baseline']]}":
+              [interval_cell(entry["train_loss"], 3), interval_cell(entry["valid_nll"], 3),
+               interval_cell(entry["bleu"], 2)]
+              for method, entry in paired.contrast_differences(report["runs"], contrasts)}
+  rows = markdown_rows(REPO / "README.md", CONTRASTS_HEADER)
+  assert list(rows) == list(expected), f"README's contrasts: {list(rows)}; the report has {list(expected)}"
+  assert rows == expected
 
 
 def test_table4_report_is_the_committed_runs():

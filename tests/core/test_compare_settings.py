@@ -53,11 +53,12 @@ def test_a_missing_key_reads_as_its_absent_value():
   assert typed(CompareSettings, compare, "compare") is compare
   config = importlib.import_module("configs.compare_mt_cpu").get_config()
   assert "grid" not in config.compare and sweep.parse_grid(config) is None and report.pairs_of(config) is None
+  assert report.contrasts_of(config) == []
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("method", "dense", "compare.method is unknown; the compare keys are grid, methods, pairs, report_only, "
-                        "results_dir, seeds "),
+    ("method", "dense", "compare.method is unknown; the compare keys are contrasts, grid, methods, pairs, "
+                        "report_only, results_dir, seeds "),
     ("grid.learning_rates", "1e-3", "compare.grid.learning_rates is unknown; the compare.grid keys are extra, "
                                     "learning_rate, per_method, steps, warmup_steps "),
     ("seeds", "3", "compare.seeds='3' must be an integer"),
@@ -73,7 +74,7 @@ def test_a_typo_key_or_a_wrong_type_is_one_clear_error(key, value, message):
   section[leaf] = value
   config = ml_collections.ConfigDict(tree)
   for read in (lambda: typed(CompareSettings, config.compare, "compare"), lambda: sweep.parse_grid(config),
-               lambda: report.pairs_of(config)):
+               lambda: report.pairs_of(config), lambda: report.contrasts_of(config)):
     with pytest.raises(ConfigError) as error:
       read()
     assert str(error.value).startswith(message), str(error.value)

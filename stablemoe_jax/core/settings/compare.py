@@ -3,7 +3,7 @@
 Defaults are configs/compare_cpu.py's; a field whose ``absent`` metadata differs from its default is one a config
 without the key (a hand-built section, configs/compare_mt_cpu.py) reads otherwise. The readers and their checks:
 ``compare/methods.py`` (methods, seeds), ``compare/sweep.py`` (the grid), ``compare/runner.py`` (results_dir),
-``compare/report.py`` (pairs).
+``compare/report.py`` (pairs, contrasts).
 """
 from __future__ import annotations
 
@@ -39,4 +39,6 @@ class CompareSettings:
                                  "redone; empty: none")
   pairs: str = setting("", "ABLATION:BASELINE,...: each ablation paired with its baseline in the report; empty: "
                            "every method with dense")
+  contrasts: str = setting("", "A:B,...: beside that pairing, each A paired with B on the same seeds in the "
+                               "report's contrasts table (e.g. router against router); empty: none")
   report_only: bool = setting(False, "True: train nothing, report the finished runs")

@@ -389,17 +389,21 @@ def paired_sections(config, rows: list[dict], records: list[dict], labels: dict[
           + contrasts_section(records, contrasts_of(config), labels))
 
 
+def _settings_and_methods(config) -> tuple[CompareSettings, list[str]]:
+  compare = typed(CompareSettings, config.compare, "compare")
+  return compare, [m.strip() for m in compare.methods.split(",") if m.strip()]
+
+
 def pairs_of(config) -> dict[str, str] | None:
   """``compare.pairs`` as {ablation: baseline} (None: pair every method with dense); a bad value is a ConfigError."""
-  compare = typed(CompareSettings, config.compare, "compare")
-  methods = [m.strip() for m in compare.methods.split(",") if m.strip()]
+  compare, methods = _settings_and_methods(config)
   return paired.parse_pairs(compare.pairs, methods) or None
 
 
 def contrasts_of(config) -> list[tuple[str, str]]:
   """``compare.contrasts`` as [(A, B), ...]; a bad value is a ConfigError."""
-  compare = typed(CompareSettings, config.compare, "compare")
-  return paired.parse_contrasts(compare.contrasts, [m.strip() for m in compare.methods.split(",") if m.strip()])
+  compare, methods = _settings_and_methods(config)
+  return paired.parse_contrasts(compare.contrasts, methods)
 
 
 def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[dict]:

@@ -108,12 +108,19 @@ def paired_differences(records: list[dict], baseline: str = "dense",
 
 
 def parse_pairs(text: str, methods: list[str], key: str = "compare.pairs") -> dict[str, str]:
-  """``compare.pairs`` "ABLATION:BASELINE,..." -> {ablation: baseline}; both must be compared methods."""
-  return dict(parse_contrasts(text, methods, key))
+  """``compare.pairs`` "ABLATION:BASELINE,..." -> {ablation: baseline}; both must be compared methods, and each
+  ablation has one baseline."""
+  pairs = parse_contrasts(text, methods, key)
+  twice = sorted({method for method, _ in pairs if sum(left == method for left, _ in pairs) > 1})
+  if twice:
+    raise ConfigError(f"{key}={text!r}: {', '.join(twice)} named on the left more than once; a method is paired "
+                      f"with one baseline (use compare.contrasts for more).")
+  return dict(pairs)
 
 
 def parse_contrasts(text: str, methods: list[str], key: str = "compare.contrasts") -> list[tuple[str, str]]:
-  """``key`` "A:B,..." -> [(A, B), ...] in order; both of each must be compared methods."""
+  """``key`` "A:B,..." -> [(A, B), ...] in order; both of each must be compared methods, two different ones, and no
+  contrast is named twice."""
   contrasts = []
   for item in str(text or "").split(","):
     if not item.strip():
@@ -122,6 +129,9 @@ def parse_contrasts(text: str, methods: list[str], key: str = "compare.contrasts
     if not sep or method not in methods or against not in methods:
       raise ConfigError(f"{key}={text!r}: {item.strip()!r} must be METHOD:BASELINE with both in "
                        f"compare.methods={methods}, e.g. --config.{key}=base_fixed:base.")
+    if method == against or (method, against) in contrasts:
+      raise ConfigError(f"{key}={text!r}: {item.strip()!r} " + ("compares a method with itself" if method == against
+                        else "is named twice") + "; name each contrast of two different methods once.")
     contrasts.append((method, against))
   return contrasts
 

@@ -105,6 +105,18 @@ def test_parse_pairs_refuses_with_one_line(text):
     paired.parse_pairs(text, ["a", "b", "c"])
 
 
+@pytest.mark.parametrize("text, problem", [("a:a", "'a:a' compares a method with itself"),
+                                           ("a:b,c:b, a:b", "'a:b' is named twice")])
+def test_contrasts_refuse_a_method_against_itself_and_a_repeat(text, problem):
+  with pytest.raises(ConfigError, match=f"^compare.contrasts={text!r}: {problem}; name each contrast"):
+    paired.parse_contrasts(text, ["a", "b", "c"])
+
+
+def test_pairs_refuse_an_ablation_with_two_baselines():
+  with pytest.raises(ConfigError, match=r"^compare.pairs='a:b,a:c': a named on the left more than once"):
+    paired.parse_pairs("a:b,a:c", ["a", "b", "c"])
+
+
 def test_contrasts_keep_their_order_and_a_method_on_the_left_twice():
   assert paired.parse_contrasts(" a:b, a:c ,c:b,", ["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("c", "b")]
   with pytest.raises(ConfigError, match=r"^compare.contrasts='a:z': 'a:z' must be METHOD:BASELINE with both in"):

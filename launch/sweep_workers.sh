@@ -47,13 +47,18 @@ worker() {  # $1: worker index; passes until nothing is left or the deadline pas
   done
 }
 
+pids=()
 for ((i = 0; i < workers; i++)); do
   worker "$i" "$@" > "$workdir/logs/worker$i.log" 2>&1 &
+  pids+=($!)
   sleep 2  # staggered starts: the first pass of each worker takes a different run
 done
 ( while (( $(date +%s) < deadline )); do sleep 5; done; echo "deadline: stopping the workers"
   pkill -TERM -f "stablemoe_jax.compare --config $config --workdir $workdir" ) &
 watchdog=$!
-wait $(jobs -p | grep -v "^$watchdog$")
+wait "${pids[@]}"  # the workers by pid: a bare `wait` would also wait out the watchdog once they have all ended
 kill "$watchdog" 2>/dev/null
-grep -h "trained in\|: chose" "$workdir"/logs/worker*.log | sort | uniq
+grep -h "trained in" "$workdir"/logs/worker*.log | sort | uniq
+# Each method's choice as the passes logged it, in order and once each: a rejected setting stays next to the
+# setting chosen after it (sorting would put "chose 1e-3" before "chose 2e-3 ... rejected").
+grep -h ": chose \|: .* rejected: " "$workdir"/logs/worker*.log | awk '!seen[$0]++'

@@ -238,7 +238,8 @@ NOT_RUN_PROGRAMS = {
                                                "tests/data/lm/test_lm_multi.py runs it and checks its lines",
     "stablemoe_jax.analysis.plot": "needs three runs' routing records; tests/analysis/test_analysis.py plots real records",
     "launch/local_multiprocess.sh": "planned above; tests/parallel/test_parallel.py and test_multiprocess.py run the script",
-    "launch/sweep_workers.sh": "the tuned sweep (87 runs); tests/compare/test_sweep.py runs a tiny sweep",
+    "launch/sweep_workers.sh": "the tuned sweep (87 runs); tests/compare/test_sweep.py runs a tiny sweep, "
+                              "tests/integration/test_sweep_workers.py the script with a stand-in pass",
 }
 GERMAN = "Ein Mann fährt Fahrrad.\nZwei Hunde spielen im Schnee.\n"
 

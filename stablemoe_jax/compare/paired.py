@@ -6,6 +6,7 @@ excludes 0, and the plain-words ranking of the README says no more than that.
 """
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
@@ -111,7 +112,7 @@ def parse_pairs(text: str, methods: list[str], key: str = "compare.pairs") -> di
   """``compare.pairs`` "ABLATION:BASELINE,..." -> {ablation: baseline}; both must be compared methods, and each
   ablation has one baseline."""
   pairs = parse_contrasts(text, methods, key)
-  twice = sorted({method for method, _ in pairs if sum(left == method for left, _ in pairs) > 1})
+  twice = sorted(method for method, count in collections.Counter(m for m, _ in pairs).items() if count > 1)
   if twice:
     raise ConfigError(f"{key}={text!r}: {', '.join(twice)} named on the left more than once; a method is paired "
                       f"with one baseline (use compare.contrasts for more).")

@@ -119,6 +119,7 @@ def test_pairs_refuse_an_ablation_with_two_baselines():
 
 def test_contrasts_keep_their_order_and_a_method_on_the_left_twice():
   assert paired.parse_contrasts(" a:b, a:c ,c:b,", ["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("c", "b")]
+  assert paired.parse_contrasts("a:b,b:a", ["a", "b"]) == [("a", "b"), ("b", "a")]  # reversed: another contrast
   with pytest.raises(ConfigError, match=r"^compare.contrasts='a:z': 'a:z' must be METHOD:BASELINE with both in"):
     paired.parse_contrasts("a:z", ["a", "b", "c"])
 

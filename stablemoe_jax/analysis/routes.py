@@ -44,7 +44,7 @@ def _training_and_inference(model, key, params, inputs, in_stage1) -> tuple[dict
   return train, inference
 
 
-def _choices(sown: dict) -> dict[str, jax.Array]:
+def sown_choices(sown: dict) -> dict[str, jax.Array]:
   """{layer path: int32 [T, k]}: every choice of each token, first (highest-ranked) first; a top-1 layer sows only
   ``expert_index`` [T], which is its [T, 1]."""
   first, every = _sown(sown, "expert_index"), _sown(sown, "expert_choices")
@@ -61,7 +61,7 @@ def make_sample_router(model, seed: int, choices: bool = False):
   instead of its first.
   """
   key = jax.random.key(seed)
-  read = _choices if choices else lambda sown: _sown(sown, "expert_index")
+  read = sown_choices if choices else lambda sown: _sown(sown, "expert_index")
 
   def route(params, inputs, in_stage1):
     train, inference = _training_and_inference(model, key, params, inputs, in_stage1)
@@ -83,7 +83,7 @@ def make_declining_router(model):
     first_gates, every_gate = _sown(train, "gate"), _sown(train, "gate_choices")
     largest = {layer: every_gate[layer].max(axis=-1) if layer in every_gate else gate
                for layer, gate in first_gates.items()}
-    return _choices(train), largest, _choices(inference)
+    return sown_choices(train), largest, sown_choices(inference)
 
   return route
 
@@ -94,7 +94,7 @@ def make_split_router(model):
   ``in_stage1``, each [B, S]."""
   def route(params, inputs):
     _, sown = model.apply({"params": params}, *inputs, jnp.array(False), deterministic=True, mutable=[ROUTING])
-    experts, first_gates, gates = _choices(sown), _sown(sown, "gate"), _sown(sown, "gate_choices")
+    experts, first_gates, gates = sown_choices(sown), _sown(sown, "gate"), _sown(sown, "gate_choices")
     return {layer: (experts[layer], gates.get(layer, first_gates[layer][:, None]).astype(jnp.float32))
             for layer in experts}
   return route

@@ -184,6 +184,16 @@ def evaluate_and_judge(run: RunRecord, step: int, params) -> None:
   handle_collapses(run.guard, run.guard.observe_contribution(step, worth), run.last_checkpoint)
 
 
+def probe_facts(run: RunRecord, probe, step: int, params) -> None:
+  """The facts regime's point at ``step`` (``analysis/facts_probe.py``): every fact's recall and route, its
+  metrics logged."""
+  metrics = probe.measure(params, step)
+  if run.writer:
+    run.writer.write(step, metrics)
+  run.progress.write(f"step {step}: facts recalled {metrics['facts/recall']:.1%}, value NLL "
+                     f"{metrics['facts/value_nll']:.3f}")
+
+
 def save(run: RunRecord, step: int, state: TrainState, metrics: dict, train_iter) -> None:
   """Saves a checkpoint of ``state`` and the position of ``train_iter`` (a grain iterator; async) unless the
   step's ``metrics`` (its loss, its gradient norm) are not finite, first logging the scored tokens a resumption

@@ -72,6 +72,9 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
   if device_count is not None:  # the layout before the groups' own checks: a resolved G names the devices it fits
     model_checks.check_devices(config, device_count)
   model_checks.check_moe(config)
+  if task == "lm" and run.data.corpus == "facts":
+    from stablemoe_jax.data.lm import facts  # pylint: disable=import-outside-toplevel
+    facts.check_settings(run.data.facts, {"train.seq_len": run.train.seq_len, "eval.seq_len": run.eval.seq_len})
   if task == "lm" and run.data.eval_sets:
     from stablemoe_jax.data.lm import eval_sets  # pylint: disable=import-outside-toplevel
     eval_sets.parse(run.data)  # a bad data.eval_sets: one line, before any work

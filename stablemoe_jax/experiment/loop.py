@@ -13,6 +13,7 @@ import tqdm
 
 from stablemoe_jax import tasks as tasks_lib
 from stablemoe_jax.analysis.contribution import experiment_contributions
+from stablemoe_jax.analysis.facts_probe import FactsProbe
 from stablemoe_jax.analysis.recorder import RoutingRecorder
 from stablemoe_jax.experiment import actions
 from stablemoe_jax.core import settings as settings_lib
@@ -202,6 +203,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   start = start or 0
   recorder = RoutingRecorder(exp, start)  # routing analysis: drops records past `start`, records every N steps
   recorder.after_step(state, start)
+  facts_probe = FactsProbe(exp, start)  # data.corpus=facts: every fact's recall and route at each evaluation point
   is_chief = jax.process_index() == 0
   writer = MetricWriter(exp.workdir, resume_step=start) if is_chief else None
   guard = health_lib.CollapseGuard(health_lib.GuardSettings.from_config(cfg), start)
@@ -235,6 +237,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       if schedule.evaluates(step):
         with clock.paused():
           actions.evaluate_and_judge(run, step, state.params)
+          if facts_probe.enabled:
+            actions.probe_facts(run, facts_probe, step, state.params)
       if stop_at_step is not None and step == stop_at_step:
         return {"stopped_at_step": step}
       if schedule.saves(step):
@@ -256,6 +260,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         "health": guard.summary(experiment_contributions(exp, state.params, "valid")),
     }
     summary.update(exp.task.final_report(exp, state.params))
+    if facts_probe.enabled:
+      summary["facts"] = facts_probe.finish(state.params, train_cfg.steps)
     analysis = recorder.finish(state, train_cfg.steps)
     if analysis:
       summary["analysis"] = analysis

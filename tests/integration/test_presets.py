@@ -20,6 +20,7 @@ from stablemoe_jax.experiment import plan as plan_lib
 # of routing groups it resolves, or the start of the one line that says why it cannot run there.
 BATCH_16 = "train.batch_size / train.microbatches=16 must be a multiple of the number of devices (64)"
 NO_PAIRS = "data.pairs='': no pair given"
+BATCH_32 = "train.batch_size / train.microbatches=32 must be a multiple of the number of devices (64)"
 EXPECTED = {
     "default": (1, 8, BATCH_16),
     "tune_cpu": (1, 8, BATCH_16),
@@ -29,6 +30,7 @@ EXPECTED = {
     "xmoe_cpu": (1, 8, BATCH_16),
     "lm_files": (1, 8, BATCH_16),
     "lm_multi_cpu": (1, 8, BATCH_16),
+    "facts_cpu": (1, 8, BATCH_32),
     "lm_base": (64, 64, 64),
     "lm_files:lm_base": (64, 64, 64),
     "lm_large": ("mesh.expert=8 must divide the number of devices (1)", 64, 64),

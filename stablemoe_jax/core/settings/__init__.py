@@ -19,7 +19,8 @@ from typing import Any
 
 from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.core.settings.compare import CompareSettings, GridSettings
-from stablemoe_jax.core.settings.data import LMDataSettings, TranslationDataSettings, data_settings_class
+from stablemoe_jax.core.settings.data import (FactsSettings, LMDataSettings, TranslationDataSettings,
+                                              data_settings_class)
 from stablemoe_jax.core.settings.model import MoESettings, ModelSettings
 from stablemoe_jax.core.settings.routers import (BaseSettings, DeepSeekSettings, DistilledRouterSettings,
                                                  HashSettings, StableMoESettings, SwitchSettings, setting)
@@ -27,8 +28,8 @@ from stablemoe_jax.core.settings.run import (AnalysisSettings, DecodeSettings, E
                                              MeshSettings, TrainSettings)
 
 __all__ = ["AnalysisSettings", "BaseSettings", "CompareSettings", "DecodeSettings", "DeepSeekSettings",
-           "DistilledRouterSettings", "EvalSettings", "GridSettings", "HashSettings", "HealthSettings",
-           "LMDataSettings", "MeshSettings", "MoESettings", "ModelSettings", "RunSettings", "StableMoESettings",
+           "DistilledRouterSettings", "EvalSettings", "FactsSettings", "GridSettings", "HashSettings",
+           "HealthSettings", "LMDataSettings", "MeshSettings", "MoESettings", "ModelSettings", "RunSettings", "StableMoESettings",
            "SwitchSettings", "TrainSettings", "TranslationDataSettings", "absent_value", "from_config", "typed"]
 
 
@@ -55,13 +56,15 @@ class RunSettings:
 
 _SECTION_PATHS = {RunSettings: "", ModelSettings: "model", MoESettings: "model.moe", TrainSettings: "train",
                   EvalSettings: "eval", DecodeSettings: "decode", MeshSettings: "mesh", HealthSettings: "health",
-                  AnalysisSettings: "analysis", LMDataSettings: "data", TranslationDataSettings: "data",
+                  AnalysisSettings: "analysis", LMDataSettings: "data", FactsSettings: "data.facts",
+                  TranslationDataSettings: "data",
                   CompareSettings: "compare", GridSettings: "compare.grid",
                   StableMoESettings: "model.moe.stablemoe",
                   SwitchSettings: "model.moe.switch", BaseSettings: "model.moe.base", HashSettings: "model.moe.hash",
                   DeepSeekSettings: "model.moe.deepseek", DistilledRouterSettings: "model.moe.distilled_router"}
 _PRESETS = {TranslationDataSettings: "configs/mt_cpu.py", DecodeSettings: "configs/mt_cpu.py",
-            CompareSettings: "configs/compare_cpu.py", GridSettings: "configs/compare_cpu.py"}
+            FactsSettings: "configs/facts_cpu.py", CompareSettings: "configs/compare_cpu.py",
+            GridSettings: "configs/compare_cpu.py"}
 _SCALARS = {bool: "a bool", int: "an integer", float: "a number", str: "a string"}
 
 

@@ -17,11 +17,31 @@ def _globs(split: str):
 
 
 @dataclasses.dataclass(frozen=True)
+class FactsSettings:
+  """``data.facts`` of ``data.corpus=facts``: a synthetic corpus of (entity, attribute) -> value facts, generated from
+  its own seed (the same facts for every run seed), nothing downloaded (``data/lm/facts.py``, docs/facts.md)."""
+
+  seed: int = setting(0, "the corpus's own seed: which entities exist and every fact's value")
+  first_names: int = setting(40, "first-name pieces; an entity is a (first, last) pair, never a token of its own")
+  last_names: int = setting(40, "last-name pieces")
+  entities: int = setting(1600, "entities, distinct (first, last) pairs drawn from first_names x last_names")
+  attributes: int = setting(4, "attributes per entity; every entity has a value for each")
+  attribute_values: int = setting(64, "distinct values each attribute takes (log2 of it: the bits of a fact)")
+  value_pieces: int = setting(64, "value tokens in the vocabulary; a value is value_tokens of them")
+  value_tokens: int = setting(1, "tokens of one value (attribute_values <= value_pieces ** value_tokens)")
+  templates: int = setting(1, "phrasings of each attribute (its own attribute token each); every fact is trained in "
+                              "every phrasing")
+  layout: str = setting("attribute_first", "attribute_first: '<attr> <first> <last> <value>' (the token before the "
+                                           "value is a name piece) | name_first: '<first> <last> <attr> <value>' "
+                                           "(it is the attribute)")
+
+
+@dataclasses.dataclass(frozen=True)
 class LMDataSettings:
   """``data`` of ``task=lm``: the corpus and its tokenizer (docs/data.md)."""
 
   corpus: str = setting("ptb", "ptb | text (a user's train/valid/test.txt in data_dir) | files (globs, read from "
-                               "the shards `data.prepare` writes)")
+                               "the shards `data.prepare` writes) | facts (synthetic facts, data.facts)")
   data_dir: str = _DATA_DIR
   tokenizer: str = setting("word", "word | sentencepiece")
   sentencepiece_vocab_size: int = _VOCAB
@@ -31,6 +51,8 @@ class LMDataSettings:
   tokenizer_files: str = setting("", "corpus=files: globs of the train files the tokenizer is built from; '': all")
   eval_sets: str = setting("", "corpus=files: 'NAME=GLOB with {split},...': more held-out sets, scored as "
                                "valid@NAME / test@NAME")
+  facts: FactsSettings = dataclasses.field(default_factory=FactsSettings,
+                                           metadata={"help": "corpus=facts: the synthetic fact corpus"})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,7 @@ from stablemoe_jax.data.common import locate
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.common import tokenizers
 from stablemoe_jax.data.lm import builder as builder_lib
+from stablemoe_jax.data.lm import facts
 from stablemoe_jax.data.lm import grain_reader
 from stablemoe_jax.data.lm import prepared
 from stablemoe_jax.data.lm.batches import (  # noqa: F401  (re-exported)
@@ -49,7 +50,7 @@ from stablemoe_jax.data.lm.batches import (  # noqa: F401  (re-exported)
 from stablemoe_jax.data.lm.stream import FieldSource
 
 
-def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
+def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData | facts.FactsData:
   """Resolves the corpus, builds (or reuses) the tokenizer and the records, returns LMData.
 
   Without the raw corpus (no data directory, or one without the files), the
@@ -78,9 +79,11 @@ def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData:
       for another data config.
   """
   prepared_dir = pathlib.Path(prepared_dir)
+  data = typed(LMDataSettings, data_config)
+  if data.corpus == 'facts':  # generated in memory from data.facts: nothing to read or prepare
+    return facts.FactsData(data.facts)
   if prepared.is_sharded(prepared_dir):  # Written by `python -m stablemoe_jax.data.prepare`: use them.
     return grain_reader.load(prepared_dir, data_config)
-  data = typed(LMDataSettings, data_config)
   corpus, kind = data.corpus, data.tokenizer
   if corpus == 'files':
     raise locate.DataNotFoundError(

@@ -1,0 +1,59 @@
+"""The fact-memorization regime (issue 73): a tiny LM that must store more facts than its active parameters hold.
+
+A synthetic corpus (``data.corpus=facts``, stablemoe_jax/data/lm/facts.py): 1,600 entities named by 40 x 40 shared
+name pieces, 4 attributes each, every value one of 64 (6 bits), rendered ``<attr> <first> <last> <value>``; lines
+reshuffled every epoch. The model: 2 blocks of d 64 with one MoE layer of 8 experts after the first, StableMoE as
+the default (its other routers and the dense baselines are one override away: docs/facts.md). Every evaluation
+point records each fact's recall and the expert its value-predicting token goes to (``workdir/facts/``); the summary
+reports recall, the value tokens' NLL, how many experts the facts use, and forgetting when routes change.
+
+Run: python -m stablemoe_jax.main --config configs/facts_cpu.py --workdir runs/facts
+The other layout: --config.data.facts.layout=name_first. A dense model of the MoE's total parameters:
+--config.model.moe.enabled=False --config.model.dense_match=wider.
+"""
+import ml_collections
+
+from configs import default
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = default.get_config()
+  config.data.corpus = "facts"
+  config.data.facts = ml_collections.ConfigDict()
+  config.data.facts.seed = 0  # the corpus's own seed: the same facts for every run seed
+  config.data.facts.first_names = 40
+  config.data.facts.last_names = 40
+  config.data.facts.entities = 1600  # every (first, last) pair
+  config.data.facts.attributes = 4
+  config.data.facts.attribute_values = 64
+  config.data.facts.value_pieces = 64
+  config.data.facts.value_tokens = 1
+  config.data.facts.templates = 1
+  config.data.facts.layout = "attribute_first"
+
+  config.model.d_model = 64
+  config.model.num_heads = 2
+  config.model.num_layers = 2
+  config.model.d_ff = 256
+  config.model.max_len = 60
+  config.model.dropout = 0.0  # memorisation: nothing to regularise against
+  config.model.moe.num_experts = 8
+  config.model.moe.sublayers_per_expert = 1
+  config.model.moe.placement = "middle"  # after block 1 of 2
+
+  config.train.steps = 5000
+  config.train.stage1_steps = 500  # the paper's 10%
+  config.train.batch_size = 32
+  config.train.seq_len = 60  # 12 lines of 5 tokens a row
+  config.train.learning_rate = 3e-3
+  config.train.warmup_steps = 200
+  config.train.log_every = 100
+  config.train.eval_every = 250  # every evaluation point records every fact's recall and route
+  config.train.eval_batches = 0  # the whole corpus (6,400 lines, 34 batches)
+  config.train.checkpoint_every = 1000
+  config.eval.seq_len = 60
+  config.eval.batch_size = 16
+  config.health.contribution_batches = 0
+  config.analysis.record_every = 250
+  config.analysis.sample_tokens = 1920  # 32 rows of the validation lines
+  return config

@@ -84,3 +84,35 @@ def test_the_uncommitted_default_figure_is_marked_or_absent():
     worth = summary["health"]["contribution"]["layers"]["moe_0"]["relative_perplexity_increase"]
     assert f"{summary['valid']['perplexity']:.2f}" in readme and f"{summary['test']['perplexity']:.2f}" in readme
     assert f"{worth:+.2%}" in readme
+
+
+def test_the_per_layer_rules_table_is_the_committed_runs():
+  """docs/translation.md keeps the table the per-layer rule gave (StableMoE and Switch at 1e-3, every other method at
+  2e-3): each row recomputed from the committed runs' summaries and metrics, paired with dense's seeds 1-3."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from stablemoe_jax.compare import paired, runner  # pylint: disable=import-outside-toplevel
+  from stablemoe_jax.train.metrics import read_metrics  # pylint: disable=import-outside-toplevel
+  from tests.compare.doc_tables import interval_cell  # pylint: disable=import-outside-toplevel
+  chosen = {"StableMoE": ("stablemoe", "1e-3"), "dense": ("dense", "2e-3"), "Switch": ("switch", "1e-3"),
+            "BASE": ("base", "2e-3"), "Hash": ("hash", "2e-3"), "dense of the MoE's FLOPs": ("dense_flops", "2e-3")}
+  records = []
+  for method, lr in chosen.values():
+    for seed in (1, 2, 3):
+      folder = RUNS / method / f"lr{float(lr):g}_warmup200" / f"seed{seed}"
+      records.append({"method": method, "seed": seed, "summary": json.loads((folder / "summary.json").read_text()),
+                      "train_loss": runner.training_loss(read_metrics(folder), 1000)})
+  differences = paired.paired_differences(records)
+
+  def spread(values, digits):
+    return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"
+
+  rows = markdown_rows(TRANSLATION, "| method (the per-layer rule's choices) |")
+  assert list(rows) == list(chosen)
+  for label, (method, lr) in chosen.items():
+    runs = [r for r in records if r["method"] == method]
+    against = differences.get(method)
+    expected = [lr, "1, 2, 3", spread([r["summary"]["valid"]["loss"] for r in runs], 3),
+                spread([r["summary"]["bleu"]["average"] for r in runs], 2), spread([r["train_loss"] for r in runs], 3),
+                interval_cell(against["valid_nll"], 3) if against else "--",
+                interval_cell(against["bleu"], 2) if against else "--"]
+    assert rows[label] == expected, (label, rows[label], expected)

@@ -168,3 +168,13 @@ def test_the_report_marks_a_weak_layer_and_a_dead_model(tmp_path):
   assert "| DEAD LAYER: decoder_moe_0 (seed 1), encoder_moe_0 (seed 1) |" in rows["| both weak (DEAD LAYER)"]
   assert "| ok |" in rows["| at the line"]
   assert "**weak layer** (one weak layer)" in table and "**DEAD LAYER** (both weak)" in table
+
+
+def test_the_sweeps_log_line_names_a_weak_layer():
+  from stablemoe_jax.compare import runner  # pylint: disable=import-outside-toplevel
+  lines = []
+  summary = {"valid": {"perplexity": 10.0}, "test": {"perplexity": 11.0}, "health": _health(0.0077, 0.151)}
+  runner.log_result(lambda text, flush: lines.append(text), "[3/30] stablemoe seed 1", "finished", summary)
+  runner.log_result(lambda text, flush: lines.append(text), "[4/30] hash seed 1", "finished",
+                    {**summary, "health": _health(0.07, 0.3)})
+  assert lines[0].endswith("; weak layer: encoder_moe_0 (the model is alive)") and "weak" not in lines[1]

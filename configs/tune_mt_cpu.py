@@ -9,8 +9,8 @@ Two at a time on 2 cores: WORKERS=2 bash launch/sweep_workers.sh configs/tune_mt
 Report what has finished without training: add --config.compare.report_only=True.
 
 Budget: 1,000 steps of 64 x 64 packed positions (200 in stage 1), the same for every method; only
-train.learning_rate varies (inverse-sqrt schedule, warmup 200). A setting whose MoE layers are dead by the health
-verdict is not eligible. Not tuned: warmup, dropout, clip, label smoothing, the balance-loss weights.
+train.learning_rate varies (inverse-sqrt schedule, warmup 200). A setting whose model is dead by the health verdict
+is not eligible; its two MoE layers are judged as a whole (a weak layer beside a working one rejects nothing). Not tuned: warmup, dropout, clip, label smoothing, the balance-loss weights.
 """
 import ml_collections
 

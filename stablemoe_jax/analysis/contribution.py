@@ -13,6 +13,11 @@ a layer whose routed experts do nothing is dead even when its shared experts wor
 (:func:`experiment_contributions`, ``whole_layer=True``) adds the whole layer's worth, shared experts removed too
 (``whole_layer_relative_perplexity_increase``), one more evaluation for each layer that has shared experts.
 Without shared experts the two are the same and only the first is given.
+
+A model with more than one MoE layer (translation: one in the encoder, one in the decoder) is also measured with all
+of them removed at once (``all_layers``): the worth of its MoE as a whole, which the health verdict judges the model
+by (a layer under the line while another works is weak, not a dead model: ``train/health.py``). With one MoE layer
+that is the layer's own measure, and nothing is added.
 """
 from __future__ import annotations
 
@@ -61,6 +66,13 @@ def without_layer(params: dict, layer: str, shared: bool = False) -> dict:
   return {**params, layer: ablated}
 
 
+def without_layers(params: dict, layers: list[str]) -> dict:
+  """:func:`without_layer` of every layer in ``layers`` at once (their routed experts output exactly 0)."""
+  for layer in layers:
+    params = without_layer(params, layer)
+  return params
+
+
 def layer_contributions(evaluate, params: dict, max_batches: int = 0, full: dict | None = None,
                         whole_layer: bool = False) -> dict:
   """The loss on the evaluated split with and without each MoE layer (its routed experts: the module doc).
@@ -80,7 +92,9 @@ def layer_contributions(evaluate, params: dict, max_batches: int = 0, full: dict
     The relative increase is ``ppl_without / ppl - 1`` (0: the layer does nothing for the loss). With
     ``whole_layer``, a layer with shared experts adds ``"loss_without_whole_layer"``,
     ``"perplexity_without_whole_layer"`` and ``"whole_layer_relative_perplexity_increase"``. A dense model
-    is not evaluated at all: its result has only ``batches`` and an empty ``layers``.
+    is not evaluated at all: its result has only ``batches`` and an empty ``layers``. A model with more than one
+    MoE layer adds ``"all_layers": {"layers", "loss_without_layers", "perplexity_without_layers",
+    "relative_perplexity_increase"}``: every MoE layer's routed experts removed at once.
   """
   batches = max_batches if max_batches > 0 else "all"
   if not moe_layer_names(params):
@@ -95,8 +109,15 @@ def layer_contributions(evaluate, params: dict, max_batches: int = 0, full: dict
       whole = evaluate(without_layer(params, layer, shared=True), max_batches)
       layers[layer].update(loss_without_whole_layer=whole["loss"], perplexity_without_whole_layer=whole["perplexity"],
                            whole_layer_relative_perplexity_increase=whole["perplexity"] / full["perplexity"] - 1.0)
-  return {"batches": batches, "tokens": full["tokens"], "loss": full["loss"],
-          "perplexity": full["perplexity"], "layers": layers}
+  result = {"batches": batches, "tokens": full["tokens"], "loss": full["loss"],
+            "perplexity": full["perplexity"], "layers": layers}
+  if len(layers) > 1:
+    names = moe_layer_names(params)
+    ablated = evaluate(without_layers(params, names), max_batches)
+    result["all_layers"] = {"layers": names, "loss_without_layers": ablated["loss"],
+                            "perplexity_without_layers": ablated["perplexity"],
+                            "relative_perplexity_increase": ablated["perplexity"] / full["perplexity"] - 1.0}
+  return result
 
 
 def experiment_contributions(exp, params: dict, split: str = "valid") -> dict:

@@ -77,7 +77,8 @@ def _run_health(summary: dict) -> dict | None:
     return None
   layers = health.get("layers", {})
   contributions = health.get("contribution", {}).get("layers", {})
-  result = {"moe_layers": len(layers), "dead_layers": list(health.get("dead_layers", []))}
+  result = {"moe_layers": len(layers), "dead_layers": list(health.get("dead_layers", [])),
+            "weak_layers": list(health.get("weak_layers", []))}
   if layers:
     result.update({name: worst(v[name] for v in layers.values()) for name, worst in _WORST.items()})
   if contributions:
@@ -93,6 +94,9 @@ def _method_health(runs: list[dict]) -> dict | None:
     return None
   result = {"moe_layers": per_run[0]["moe_layers"],
             "dead": [[r["seed"], layer] for r, h in zip(runs, per_run) for layer in h["dead_layers"]]}
+  weak = [[r["seed"], layer] for r, h in zip(runs, per_run) for layer in h["weak_layers"]]
+  if weak:  # a layer under the line while another of the model's works (> 1 MoE layer): reported, not dead
+    result["weak"] = weak
   for name in (*_WORST, "contribution"):
     values = [h[name] for h in per_run if name in h]
     result[name] = float(np.mean(values)) if values and len(values) == len(per_run) else None
@@ -230,6 +234,8 @@ def _health_verdict(row: dict) -> str:
     return "no MoE layer"
   if health["dead"]:
     return "DEAD LAYER: " + ", ".join(f"{layer} (seed {seed})" for seed, layer in health["dead"])
+  if health.get("weak"):
+    return "ok; weak layer: " + ", ".join(f"{layer} (seed {seed})" for seed, layer in health["weak"])
   return "ok"
 
 
@@ -330,6 +336,14 @@ def health_note(rows: list[dict]) -> str:
              f"measurable work at the end of training (removing it costs < health.min_contribution of validation "
              f"perplexity, or two experts take > health.max_top2_load of the tokens). Its perplexity is that of a "
              f"dense model carrying a dead layer, not the method's result; do not compare it as one.\n")
+  weak = [row["label"] for row in rows if (row.get("health") or {}).get("weak")]
+  if weak:
+    note += (f"\n**weak layer** ({', '.join(weak)}): a MoE layer whose removal costs < health.min_contribution of "
+             f"validation perplexity (or whose routing is degenerate) while another MoE layer of the same model "
+             f"works. A model with several MoE layers is judged as a whole: it is dead only when its MoE layers, all "
+             f"removed at once, cost < health.min_contribution, or when every layer is under the line (a run "
+             f"measured before the all-layers measure: from its per-layer numbers). A weak layer is reported, and "
+             f"neither marks the run dead nor rejects its setting.\n")
   unrecorded = [row["label"] for row in rows if row.get("health") is None]
   if unrecorded:
     note += (f"\nNo health recorded ({', '.join(unrecorded)}): runs finished before health reporting; delete their "

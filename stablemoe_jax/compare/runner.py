@@ -285,8 +285,10 @@ def run_record(name: str, run_config: ml_collections.ConfigDict, seed_index: int
 
 def log_result(log, tag: str, status: str, summary: dict) -> None:
   bleu = f", test BLEU {summary['bleu']['average']:.2f}" if "bleu" in summary else ""
+  weak = (summary.get("health") or {}).get("weak_layers")  # > 1 MoE layer: under the line while another works
+  weak = f"; weak layer: {', '.join(weak)} (the model is alive)" if weak else ""
   log(f"{tag}: {status}; valid ppl {summary['valid']['perplexity']:.2f}, "
-      f"test ppl {summary['test']['perplexity']:.2f}{bleu}, {summary.get('tokens_per_second', 0):.0f} tokens/s",
+      f"test ppl {summary['test']['perplexity']:.2f}{bleu}, {summary.get('tokens_per_second', 0):.0f} tokens/s{weak}",
       flush=True)
 
 

@@ -10,7 +10,9 @@ method of ``compare.methods``:
    ``DIR/<method>/<setting>/seed0`` (full budget) or ``DIR/<method>/<setting>/steps<N>_seed0``;
 2. the choice: the setting with the lowest *validation* perplexity among the runs whose MoE layers are alive by
    the health verdict (``train/health.py``: a layer is dead when removing it costs < 1% of validation perplexity
-   or its routing is degenerate; a dense model is always alive); if every setting died, the lowest of all, marked;
+   or its routing is degenerate; a model with several MoE layers is dead only as a whole, and a weak layer, under
+   the line while another works, rejects nothing; a dense model is always alive); if every setting died, the lowest
+   of all, marked;
 3. ``compare.seeds`` new seeds at the choice under the full budget, ``config.seed + 1`` ... ``config.seed +
    compare.seeds``, in ``DIR/<method>/<setting>/seed<k>``: the reported runs. The grid's run (seed 0) chose the
    setting and is never reported, so no number in the table is the one that was selected on. A choice whose layer
@@ -280,6 +282,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
                     alive=is_alive(summary), dead_layers=(summary.get("health") or {}).get("dead_layers", []),
                     contribution=health_lib.least_contribution(summary.get("health") or {}),
                     workdir=str(source), status=status)
+        if (summary.get("health") or {}).get("weak_layers"):  # > 1 MoE layer: under the line, another works
+          cell["weak_layers"] = summary["health"]["weak_layers"]
       cells.append(cell)
     result["grid"][name] = cells
     rejected: list[dict] = []

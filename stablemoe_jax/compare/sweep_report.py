@@ -27,6 +27,8 @@ def _grid_cell(cell: dict, rejected: dict[str, str]) -> str:
   name = cell["setting"]["name"]
   worth = "" if cell.get("contribution") is None else f" {cell['contribution']:+.1%}"
   mark = "" if cell["alive"] else " DEAD"
+  if cell["alive"] and cell.get("weak_layers"):
+    mark = " (weak layer)"
   if name in rejected:
     mark = f" ({rejected[name]})"
   return f"{cell['valid_ppl']:.2f}{worth}{mark}"
@@ -93,12 +95,40 @@ def _divergence_sentence(result: dict) -> str:
           if diverged else "")
 
 
-def sweep_columns(rows: list[dict]) -> list[tuple[str, Callable[[dict], str]]]:
-  """The comparison's columns (translation's when the runs report BLEU), with the chosen setting and the seeds."""
+def missing_seeds(row: dict, expected: list[int] | None) -> list[int]:
+  """The reported seeds at the row's choice that have no finished run (not trained yet), in order."""
+  return [k for k in expected or [] if k not in row["seeds"]]
+
+
+def _seeds_cell(row: dict, expected: list[int] | None) -> str:
+  missing = missing_seeds(row, expected)
+  if not missing:
+    return str(len(row["seeds"]))
+  return (f"{len(row['seeds'])} of {len(expected)} (seed{'s' if len(missing) > 1 else ''} "
+          f"{', '.join(str(k) for k in missing)} not trained)")
+
+
+def sweep_columns(rows: list[dict], expected: list[int] | None = None) -> list[tuple[str, Callable[[dict], str]]]:
+  """The comparison's columns (translation's when the runs report BLEU), with the chosen setting and the seeds
+  (``expected``: the seeds the rule reports; a row missing some says which)."""
   columns = table_columns(rows)
   return [columns[0], ("chosen lr / warmup", lambda r: f"{r['setting']['learning_rate']:g} / "
                                                        f"{r['setting']['warmup_steps']}"),
-          ("seeds", lambda r: str(len(r["seeds"]))), *columns[1:]]
+          ("seeds", lambda r: _seeds_cell(r, expected)), *columns[1:]]
+
+
+def missing_note(rows: list[dict], expected: list[int], labels: dict[str, str]) -> str:
+  """One line per method whose choice lacks reported seeds: which, and that its row is the seeds that exist ("" if
+  none is missing)."""
+  lines = [f"- {labels.get(r['method'], r['method'])} at lr {r['setting']['learning_rate']:g}, warmup "
+           f"{r['setting']['warmup_steps']}: seed(s) {', '.join(str(k) for k in missing_seeds(r, expected))} not "
+           f"trained (`{r['method']}/{r['setting']['name']}/seed<k>`); its row and paired intervals are over seed(s) "
+           f"{', '.join(str(k) for k in r['seeds'])} only (an interval needs 2 paired seeds)."
+           for r in rows if missing_seeds(r, expected)]
+  if not lines:
+    return ""
+  return ("**Missing runs.** The rule reports seeds " f"{expected[0]}-{expected[-1]}" " at each choice; these are not "
+          "trained yet (run the sweep again, without `report_only`, to train them):\n\n" + "\n".join(lines) + "\n")
 
 
 def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dict]:
@@ -128,8 +158,10 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
           "## The grid (seed-0 valid PPL, and the valid PPL increase without the MoE layer)\n",
           grid_table(result, labels), rejected_note(result, labels)]
   if rows:
+    expected = list(range(config.seed + 1, config.seed + seeds + 1))
     text += ["## At each method's choice\n", budget_note(config, rows), devices_note(rows),
-             markdown_table(rows, sweep_columns(rows)), health_note(rows),
+             markdown_table(rows, sweep_columns(rows, expected)),
+             *[note for note in [missing_note(rows, expected, labels)] if note], health_note(rows),
              paired_sections(config, rows, result["records"], labels),
              write_token_plot(rows, workdir / "validation_tokens.png"),
              write_convergence_plot(rows, workdir / "convergence.png"),

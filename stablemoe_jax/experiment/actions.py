@@ -172,16 +172,19 @@ def evaluate_and_judge(run: RunRecord, step: int, params) -> None:
   exp = run.exp
   eval_batches = exp.config.train.eval_batches
   valid = exp.evaluate(params, "valid", eval_batches)
-  worth = {layer: c["relative_perplexity_increase"] for layer, c in layer_contributions(
-      lambda p, n: exp.evaluate(p, "valid", n), params, eval_batches, full=valid)["layers"].items()}
+  measured = layer_contributions(lambda p, n: exp.evaluate(p, "valid", n), params, eval_batches, full=valid)
+  worth = {layer: c["relative_perplexity_increase"] for layer, c in measured["layers"].items()}
+  all_layers = measured.get("all_layers", {}).get("relative_perplexity_increase")  # > 1 MoE layer only
   if run.writer:
     run.writer.write(step, {"valid/loss": valid["loss"], "valid/perplexity": valid["perplexity"],
                             **{f"moe/{layer}/contribution": value for layer, value in worth.items()},
+                            **({} if all_layers is None else {health_lib.ALL_LAYERS_KEY: all_layers}),
                             "train_seconds": run.clock.seconds(),
                             "trained_tokens": run.trained_tokens + run.window.scored_tokens()})
   run.progress.write(f"step {step}: valid perplexity {valid['perplexity']:.2f}"
-                     + "".join(f", {layer} worth {value:+.2%}" for layer, value in worth.items()))
-  handle_collapses(run.guard, run.guard.observe_contribution(step, worth), run.last_checkpoint)
+                     + "".join(f", {layer} worth {value:+.2%}" for layer, value in worth.items())
+                     + ("" if all_layers is None else f", all MoE layers worth {all_layers:+.2%}"))
+  handle_collapses(run.guard, run.guard.observe_contribution(step, worth, all_layers), run.last_checkpoint)
 
 
 def probe_facts(run: RunRecord, probe, step: int, params) -> None:

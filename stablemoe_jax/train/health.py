@@ -8,6 +8,14 @@ A MoE layer is **dead** when it does no measurable work (docs/router_health.md):
   of routing (the whole layer's worth is reported beside it, never judged); or
 * **degenerate routing**: the two busiest of its N > 2 experts take more than ``health.max_top2_load`` of the tokens.
 
+A model with more than one MoE layer (translation: one in the encoder, one in the decoder) is judged as a whole: it
+is **dead** when its MoE layers, all removed at once, cost less than ``health.min_contribution``
+(``contribution["all_layers"]``), or when every one of its layers is under the line by the rules above; then every
+layer is dead. A layer under the line while the model's MoE works is **weak** (``weak_layers``, ``weak_in_training``,
+printed once): reported, never a dead run, never a rejected setting. With one MoE layer the model's verdict is its
+layer's, and nothing is added to the summary. A run measured before the all-layers measure (no ``all_layers``) is
+judged from its per-layer numbers: dead only when every layer is (``model["judged_from"]`` says so).
+
 Both are measured the same way for every router. In training, the contribution is measured at every evaluation
 point (``train.eval_every``, on the ``train.eval_batches`` batches the validation uses) and the load in every log
 window (``patience`` consecutive windows); a layer found dead after ``health.after_step`` is flagged once, and the
@@ -40,6 +48,8 @@ HEALTH_METRICS = ("mean_gate", "low_gate_fraction", "load_balance", "max_load", 
 ON_COLLAPSE = ("warn", "stop")
 GATE_KINDS = routers.GATE_KINDS  # what a router's gate is (its registry entry says): its attainable range follows
 DOCS_PAGE = 'docs/router_health.md'
+# metrics.jsonl's key of the valid-PPL increase with every MoE layer removed at once (a model with > 1 MoE layer)
+ALL_LAYERS_KEY = "moe_all_layers/contribution"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +173,19 @@ def contribution_reasons(contribution: float | None, min_contribution: float, sh
           f"{min_contribution} (no measurable work)"]
 
 
+def all_layers_reasons(contribution: float | None, min_contribution: float, count: int) -> list[str]:
+  """The whole model's contribution rule: its ``count`` MoE layers removed at once ([] when they are worth at least
+  ``min_contribution`` or were not measured)."""
+  if contribution is None or contribution >= min_contribution:
+    return []
+  return [f"removing all {count} MoE layers at once raises validation perplexity by {contribution:+.2%} < "
+          f"health.min_contribution={min_contribution} (the model's MoE does no measurable work)"]
+
+
+def every_layer_reasons(count: int) -> list[str]:
+  return [f"every one of its {count} MoE layers is under the line (the model's MoE does no measurable work)"]
+
+
 def warning_reasons(values: dict[str, float], settings: GuardSettings) -> list[str]:
   """The early-warning rules of one layer's window: a gate pinned at its floor, a low load balance."""
   reasons = []
@@ -186,14 +209,20 @@ class Collapse:
   reasons: tuple[str, ...]
   router: str
   dead: bool = True
+  weak: bool = False  # under the line while another MoE layer of the model works: reported, never a dead run
 
   def message(self) -> str:
     v = self.values
-    numbers = ", ".join(f"{name} {v[name]:.4f}" for name in (*HEALTH_METRICS, "top2_load", "contribution")
-                        if name in v)
+    numbers = ", ".join(f"{name} {v[name]:.4f}" for name in (*HEALTH_METRICS, "top2_load", "contribution",
+                                                             "all_layers_contribution") if name in v)
     cures = (f"Likely cures: {''.join(cure + ', ' for cure in routers.collapse_cures(self.router))}"
              f"a lower --config.train.learning_rate, a longer --config.train.warmup_steps, or the balance-loss settings "
              f"(model.moe.stablemoe.balance_alpha, model.moe.switch.balance_weight); see {DOCS_PAGE}.")
+    if self.weak:
+      return (f"ROUTER HEALTH: MoE layer {self.layer} (router {self.router!r}) is weak at step {self.step}: "
+              f"{'; '.join(self.reasons)} (values: {numbers}), while another MoE layer of the model works. A weak "
+              f"layer, not a dead run: a model with several MoE layers is dead only when all of them removed at once "
+              f"cost < health.min_contribution, or when every layer is under the line; see {DOCS_PAGE}.")
     if not self.dead:
       return (f"ROUTER HEALTH warning: MoE layer {self.layer} (router {self.router!r}) at step {self.step}: "
               f"{'; '.join(self.reasons)} (values: {numbers}). An early warning, not a verdict: the layer is judged by "
@@ -208,7 +237,8 @@ class CollapseGuard:
 
   A window counts if all its steps lie after ``after_step`` (it starts after the previous observed step); an
   evaluation point counts if it lies after ``after_step``. Each layer is flagged dead at most once, and warned
-  about at most once.
+  about at most once. With more than one MoE layer the model is judged as a whole (the module doc): a layer under
+  the line while the model's MoE works is flagged weak (once), and every layer dead when the model is.
   """
 
   def __init__(self, settings: GuardSettings, start_step: int = 0):
@@ -216,9 +246,13 @@ class CollapseGuard:
     self._last_step = start_step
     self._degenerate_streak: dict[str, int] = {}
     self._warning_streak: dict[str, int] = {}
+    self._degenerate_below: dict[str, list[str]] = {}  # layers degenerate for ``patience`` windows, to the last one
+    self._contribution_below: dict[str, list[str]] = {}  # layers under the line at the last evaluation point
+    self.layers: set[str] = set()  # every MoE layer seen
     self.last_window: dict[str, dict[str, float]] = {}  # layer -> values of the last observed window
     self.last_window_step: int | None = None
     self.dead: dict[str, Collapse] = {}
+    self.weak: dict[str, Collapse] = {}
     self.warnings: dict[str, Collapse] = {}
 
   def observe(self, step: int, metrics: dict) -> list[Collapse]:
@@ -228,13 +262,16 @@ class CollapseGuard:
     if not layers:
       return []
     self.last_window, self.last_window_step = layers, step
+    self.layers |= set(layers)
     counted = window_start > self.settings.after_step
-    found = []
     for layer, values in layers.items():
       degenerate = degenerate_reasons(values, self.settings.max_top2_load) if counted else []
-      if self._streak(self._degenerate_streak, layer, degenerate) and layer not in self.dead:
-        self.dead[layer] = Collapse(layer, step, values, tuple(degenerate), self.settings.router)
-        found.append(self.dead[layer])
+      if self._streak(self._degenerate_streak, layer, degenerate):
+        self._degenerate_below[layer] = degenerate
+      else:
+        self._degenerate_below.pop(layer, None)
+    found = self._judge(step, lambda layer: layers.get(layer, self.last_window.get(layer, {})))
+    for layer, values in layers.items():
       warnings = warning_reasons(values, self.settings) if counted else []
       if self._streak(self._warning_streak, layer, warnings) and layer not in self.warnings:
         self.warnings[layer] = Collapse(layer, step, values, tuple(warnings), self.settings.router, dead=False)
@@ -245,18 +282,43 @@ class CollapseGuard:
     streaks[layer] = streaks.get(layer, 0) + 1 if reasons else 0
     return bool(reasons) and streaks[layer] >= self.settings.patience
 
-  def observe_contribution(self, step: int, contributions: dict[str, float]) -> list[Collapse]:
-    """Takes an evaluation point's ``{layer: relative PPL increase without it}``; returns the layers newly dead."""
+  def _judge(self, step: int, values, all_layers: float | None = None) -> list[Collapse]:
+    """Flags the layers under the line now (degenerate for ``patience`` windows, or under the contribution line at
+    the last evaluation point): dead with one MoE layer or when the model is dead (``all_layers``, every layer's
+    routed experts removed at once, under the line; or every layer under it), else weak. ``values(layer)``: the
+    numbers its message shows."""
+    below: dict[str, list[str]] = {}
+    for source in (self._contribution_below, self._degenerate_below):
+      for layer, reasons in source.items():
+        below.setdefault(layer, []).extend(reasons)
+    count = len(self.layers)
+    model = all_layers_reasons(all_layers, self.settings.min_contribution, count) if count > 1 else []
+    if count > 1 and self.layers <= set(below):
+      model += every_layer_reasons(count)
+    found = []
+    for layer in (sorted(self.layers) if model else sorted(below)):
+      reasons = tuple(below.get(layer, [])) + tuple(model)
+      if count <= 1 or model:
+        if layer not in self.dead:
+          self.dead[layer] = Collapse(layer, step, values(layer), reasons, self.settings.router)
+          found.append(self.dead[layer])
+      elif layer not in self.weak and layer not in self.dead:
+        self.weak[layer] = Collapse(layer, step, values(layer), reasons, self.settings.router, dead=False, weak=True)
+        found.append(self.weak[layer])
+    return found
+
+  def observe_contribution(self, step: int, contributions: dict[str, float],
+                           all_layers: float | None = None) -> list[Collapse]:
+    """Takes an evaluation point's ``{layer: relative PPL increase without it}`` (and, with more than one MoE layer,
+    ``all_layers``: the increase without all of them at once); returns the layers newly dead or weak."""
     if step <= self.settings.after_step:
       return []
-    found = []
-    for layer, value in contributions.items():
-      reasons = contribution_reasons(value, self.settings.min_contribution)
-      if reasons and layer not in self.dead:
-        values = {**self.last_window.get(layer, {}), "contribution": value}
-        self.dead[layer] = Collapse(layer, step, values, tuple(reasons), self.settings.router)
-        found.append(self.dead[layer])
-    return found
+    self.layers |= set(contributions)
+    self._contribution_below = {layer: reasons for layer, value in contributions.items()
+                                if (reasons := contribution_reasons(value, self.settings.min_contribution))}
+    extra = {} if all_layers is None else {"all_layers_contribution": all_layers}
+    return self._judge(step, lambda layer: {**self.last_window.get(layer, {}), **(
+        {"contribution": contributions[layer]} if layer in contributions else {}), **extra}, all_layers)
 
   def replay(self, records: list[dict], up_to_step: int) -> list[Collapse]:
     """Observes the logged windows and evaluation points of ``metrics.jsonl`` (steps <= ``up_to_step``) in order."""
@@ -268,14 +330,14 @@ class CollapseGuard:
       if layer_health(record):
         found += self.observe(record["step"], record)
       if logged_contributions(record):
-        found += self.observe_contribution(record["step"], logged_contributions(record))
+        found += self.observe_contribution(record["step"], logged_contributions(record), record.get(ALL_LAYERS_KEY))
     self._last_step = max(self._last_step, up_to_step)
     return found
 
   def summary(self, contribution: dict | None = None) -> dict:
     """The ``health`` section of summary.json: the final verdict on the last window and ``contribution`` (the
     final contribution measure, :func:`analysis.contribution.layer_contributions`' result), what was flagged in
-    training, and the early warnings."""
+    training (with more than one MoE layer, the weak layers apart), and the early warnings."""
     health = {"last_window_step": self.last_window_step, "layers": self.last_window,
               "guard": dataclasses.asdict(self.settings),
               "flagged_in_training": {layer: {"step": c.step, "reasons": list(c.reasons)}
@@ -283,6 +345,9 @@ class CollapseGuard:
               "warnings": {layer: {"step": c.step, "reasons": list(c.reasons)}
                            for layer, c in sorted(self.warnings.items())},
               "contribution": contribution if contribution is not None else {"layers": {}}}
+    if len(self.layers | set(health["contribution"].get("layers", {}))) > 1:
+      health["weak_in_training"] = {layer: {"step": c.step, "reasons": list(c.reasons)}
+                                    for layer, c in sorted(self.weak.items())}
     return {**health, **verdict(health, self.settings.min_contribution, self.settings.max_top2_load)}
 
 
@@ -291,22 +356,39 @@ def verdict(health: dict, min_contribution: float = HealthSettings.min_contribut
   """The rule on a ``health`` section's last window (``layers``) and final ``contribution``:
   ``{"ok", "dead_layers", "verdict": {layer: {"dead", "reasons", "contribution", "top2_load"}}}``; a layer with
   shared experts judged by its routed experts' worth (``contribution``), with ``whole_layer_contribution`` beside
-  it."""
-  contributions = (health.get("contribution") or {}).get("layers", {})
+  it. With more than one MoE layer the model is judged as a whole (the module doc), and the result adds
+  ``"weak_layers"`` (under the line while the model's MoE works), each layer's ``"weak"``, and ``"model": {"dead",
+  "reasons", "all_layers_contribution", "judged_from"}``; ``dead_layers`` is then every layer or none."""
+  contribution_section = health.get("contribution") or {}
+  contributions = contribution_section.get("layers", {})
   names = sorted(set(health.get("layers", {})) | set(contributions))
-  judged = {}
+  judged, below = {}, {}
   for layer in names:
     values = health.get("layers", {}).get(layer, {})
     contribution = contributions.get(layer, {}).get("relative_perplexity_increase")
     whole = contributions.get(layer, {}).get("whole_layer_relative_perplexity_increase")
-    reasons = (contribution_reasons(contribution, min_contribution, shared=whole is not None)
-               + degenerate_reasons(values, max_top2_load))
-    judged[layer] = {"dead": bool(reasons), "reasons": reasons, "contribution": contribution,
+    below[layer] = (contribution_reasons(contribution, min_contribution, shared=whole is not None)
+                    + degenerate_reasons(values, max_top2_load))
+    judged[layer] = {"dead": bool(below[layer]), "reasons": below[layer], "contribution": contribution,
                      "top2_load": values.get("top2_load")}
     if whole is not None:
       judged[layer]["whole_layer_contribution"] = whole
-  dead = sorted(layer for layer, v in judged.items() if v["dead"])
-  return {"ok": not dead, "dead_layers": dead, "verdict": judged}
+  if len(names) <= 1:  # one MoE layer: the model's verdict is the layer's
+    dead = sorted(layer for layer, v in judged.items() if v["dead"])
+    return {"ok": not dead, "dead_layers": dead, "verdict": judged}
+  all_layers = (contribution_section.get("all_layers") or {}).get("relative_perplexity_increase")
+  model = all_layers_reasons(all_layers, min_contribution, len(names))
+  if all(below.values()):
+    model += every_layer_reasons(len(names))
+  for layer in names:
+    judged[layer].update(dead=bool(model), weak=bool(below[layer]) and not model, reasons=below[layer] + model)
+  judged_from = ("all MoE layers removed at once" if all_layers is not None else
+                 "each layer's own numbers only: this run has no all-layers measure (it predates it), so it is "
+                 "dead only when every layer is")
+  return {"ok": not model, "dead_layers": sorted(names) if model else [], "verdict": judged,
+          "weak_layers": [] if model else sorted(layer for layer in names if below[layer]),
+          "model": {"dead": bool(model), "reasons": model, "all_layers_contribution": all_layers,
+                    "judged_from": judged_from}}
 
 
 def least_contribution(health: dict) -> float | None:

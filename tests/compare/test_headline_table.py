@@ -1,7 +1,8 @@
-"""The headline table ("Each method at its best" in README.md, the same table in docs/tuning.md) says what the
-committed sweep measured: each row's choice, seeds, valid and test perplexity, paired interval against dense and
-per-seed layer worth are recomputed here from ``results/tune_h100/comparison.json`` (the runs' own summaries), and a
-method whose seeds are in the report cannot stay marked as not finished.
+"""The headline table ("Language model: each method at its best" in docs/results.md, the same table in
+docs/tuning.md) says what the committed sweep measured: each row's choice, seeds, valid and test perplexity, paired
+interval against dense and per-seed layer worth are recomputed here from ``results/tune_h100/comparison.json`` (the
+runs' own summaries), and a method whose seeds are in the report cannot stay marked as not finished. README's short
+table ("Does any router beat dense?": choice, test perplexity, paired interval, worth) is recomputed the same way.
 """
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ LABELS = {
     "Switch Transformer, cosine routing (X-MoE)": "switch_cosine",
 }
 HEADER = "| method | chosen lr / warmup (seed 0) | reported seeds |"
+SHORT_HEADER = "| method (PTB, 850 steps, seeds 1-3) | chosen lr / warmup (seed 0) |"  # README.md
 
 
-def table_rows(path: pathlib.Path) -> dict[str, list[str]]:
-  """``{method name: its row's cells after the label}`` of the first table whose header starts with HEADER."""
+def table_rows(path: pathlib.Path, header: str = HEADER) -> dict[str, list[str]]:
+  """``{method name: its row's cells after the label}`` of the first table whose header starts with ``header``."""
   rows = {}
-  for label, cells in markdown_rows(path, HEADER).items():
+  for label, cells in markdown_rows(path, header).items():
     assert label in LABELS, f"{path.name}: a headline row this test does not know: {label!r}"
     rows[LABELS[label]] = cells
   return rows
@@ -64,7 +66,7 @@ def expected_cells(report: dict, method: str) -> list[str]:
           f"{summary['test_ppl_mean']:.2f} ± {summary['test_ppl_std']:.2f}", differences, worth]
 
 
-@pytest.mark.parametrize("document", ["README.md", "docs/tuning.md"])
+@pytest.mark.parametrize("document", ["docs/results.md", "docs/tuning.md"])
 def test_headline_table_is_the_committed_report(document):
   report = json.loads(REPORT.read_text())
   rows = table_rows(REPO / document)
@@ -80,3 +82,14 @@ def test_headline_table_is_the_committed_report(document):
     assert names_choice(cells[0], expected[0]), (
         f"{document}: {method}'s choice is {expected[0]!r} in {REPORT.name}, the table says {cells[0]!r}")
     assert cells[1:] == expected[1:], f"{document}: the {method} row differs from {REPORT.relative_to(REPO)}"
+
+
+def test_readmes_short_table_is_the_committed_report():
+  """README's short table: the tuned top-1 methods' choice, test perplexity, paired interval against dense and worth,
+  each the report's (the full table's columns 0, 3, 4, 5)."""
+  report = json.loads(REPORT.read_text())
+  rows = table_rows(REPO / "README.md", SHORT_HEADER)
+  assert set(rows) == {"dense", "stablemoe_cosine", "switch", "base", "hash"}, sorted(rows)
+  for method, cells in rows.items():
+    expected = [expected_cells(report, method)[i] for i in (0, 3, 4, 5)]
+    assert names_choice(cells[0], expected[0]) and cells[1:] == expected[1:], f"README's {method} row: {cells}"

@@ -1,4 +1,4 @@
-"""The multilingual LM probe's table (README.md, "Is it multilinguality?") says what the committed runs measured:
+"""The multilingual LM probe's table (docs/results.md, "The multilingual LM probe") says what the committed runs measured:
 each row's seeds, training loss, valid and test perplexity, paired differences against dense and per-seed layer worth
 are recomputed from ``results/lm_multi_cpu/comparison.json`` (the runs' own summaries and metrics)."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ HEADER = "| method (union corpus, 850 steps) | seeds |"
 def test_probe_table_is_the_committed_report():
   report = json.loads(REPORT.read_text())
   pairs = paired.paired_differences(report["runs"])
-  rows = markdown_rows(REPO / "README.md", HEADER)
+  rows = markdown_rows(REPO / "docs" / "results.md", HEADER)
   assert set(rows) == {entry["label"] for entry in report["methods"]}
   for entry in report["methods"]:
     runs = sorted((run for run in report["runs"] if run["method"] == entry["method"]), key=lambda run: run["seed"])
@@ -32,7 +32,7 @@ def test_probe_table_is_the_committed_report():
                 interval_cell(against["train_loss"], 3) if against else "--",
                 interval_cell(against["valid"], 2) if against else "--",
                 ", ".join(f"{least_contribution(run['summary']['health']):+.2%}" for run in runs) if against else "--"]
-    assert rows[entry["label"]] == expected, f"README's {entry['label']} row differs from {REPORT.relative_to(REPO)}"
+    assert rows[entry["label"]] == expected, f"docs/results.md's {entry['label']} row differs from {REPORT.relative_to(REPO)}"
   # The training loss in the report is the runs' own: the mean task loss of the last 20% of steps in metrics.jsonl.
   for run in report["runs"]:
     lines = (REPO / run["workdir"] / "metrics.jsonl").read_text().splitlines()

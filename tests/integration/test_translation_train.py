@@ -8,6 +8,7 @@ from tests.mt_fixtures import make_tiny_mt_config, write_small_corpora
 
 from stablemoe_jax.commands import translate as translate_command
 from stablemoe_jax.experiment import loop
+from stablemoe_jax.train import health as health_lib
 
 
 def _rows(workdir) -> list[dict]:
@@ -35,6 +36,12 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
   per_step = [float(next(batches)["weights"].sum()) for _ in range(config.train.steps)]
   counted = {row["step"]: row["trained_tokens"] for row in _rows(tmp_path / "whole") if "trained_tokens" in row}
   assert counted[40] == sum(per_step) and counted[15] == sum(per_step[:15]) and counted[24] == sum(per_step[:24])
+  # Two MoE layers: both removed at once is measured at the evaluation point and at the end, and the model judged
+  # as a whole (issue 74).
+  health = whole["health"]
+  assert sorted(health["contribution"]["all_layers"]["layers"]) == ["decoder_moe_0", "encoder_moe_0"]
+  assert health["model"]["judged_from"] == "all MoE layers removed at once" and "weak_in_training" in health
+  assert [row["step"] for row in _rows(tmp_path / "whole") if health_lib.ALL_LAYERS_KEY in row] == [15, 30]
 
   (tmp_path / "resumed").mkdir()  # one tokenized corpus for both runs, as the comparison runner shares it
   (tmp_path / "resumed" / "data").symlink_to(tmp_path / "whole" / "data", target_is_directory=True)
@@ -42,6 +49,7 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
   assert stopped == {"stopped_at_step": 25}  # killed after step 25: resumes from the checkpoint of step 24
   resumed = loop.train_and_evaluate(config, tmp_path / "resumed")
   assert resumed["valid"] == whole["valid"] and resumed["test"] == whole["test"]
+  assert resumed["health"] == whole["health"]  # the guard rebuilt from the log, the all-layers measure included
   assert {row["step"]: row["trained_tokens"] for row in _rows(tmp_path / "resumed") if "trained_tokens" in row} == counted
   scores = lambda summary: {k: v for k, v in summary["bleu"].items() if k != "sentences_per_second"}
   assert scores(resumed) == scores(whole) and set(whole["bleu"]["per_pair"]) == set(whole["pair_weights"])

@@ -353,7 +353,9 @@ def test_every_committed_summary_stores_the_verdict_the_reports_make():
   """Each committed ``results/**/summary.json`` stores today's verdict (``ok``, ``dead_layers``, ``verdict``): the
   runner's re-judging (what every report reads) leaves it as it is, and by hand a layer is dead exactly when removing
   it costs less than the recorded (else 1%) minimum or the two busiest of its N > 2 experts took more than 90% of
-  the tokens in the last logged window."""
+  the tokens in the last logged window; with more than one MoE layer (translation), the model is dead, every layer
+  listed, only when every layer is under that line (these runs predate the all-layers measure), and a layer under it
+  while another works is weak."""
   import json, pathlib  # pylint: disable=import-outside-toplevel,multiple-imports
   from stablemoe_jax.compare import runner  # pylint: disable=import-outside-toplevel
   root = pathlib.Path(__file__).resolve().parents[2] / "results"
@@ -374,6 +376,10 @@ def test_every_committed_summary_stores_the_verdict_the_reports_make():
       experts = values.get("num_experts", None if load is None else len(load))
       if worth["relative_perplexity_increase"] < minimum or (top2 is not None and experts > 2 and top2 > 0.9):
         dead.append(layer)
+    if len(stored["contribution"]["layers"]) > 1:
+      assert "all_layers" not in stored["contribution"]  # committed before the measure: judged from the layers
+      below, dead = dead, (sorted(dead) if len(dead) == len(stored["contribution"]["layers"]) else [])
+      assert stored["weak_layers"] == ([] if dead else sorted(below)), path
     assert stored["dead_layers"] == dead and stored["ok"] is (not dead), path
   # The issue's example: BASE at 4e-3 / 400, seed 1, worth +5.3%, stored "dead" by the old gate rule, alive now.
   base = json.loads((root / "tune_h100" / "base" / "lr0.004_warmup400" / "seed1" / "summary.json").read_text())["health"]

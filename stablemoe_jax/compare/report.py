@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from stablemoe_jax.compare import paired
+from stablemoe_jax.compare.facts_cells import facts_cells, facts_columns
 from stablemoe_jax.compare.figures import device_counts, write_convergence_plot, write_fluctuation_plot
 from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings
@@ -164,6 +165,7 @@ def method_rows(records: list[dict]) -> list[dict]:
         "train_loss_mean": train_loss[0], "train_loss_std": train_loss[1], "train_loss": train_losses,
         "sets": _set_cells(summaries),
         **_bleu_cells(summaries),
+        **facts_cells(summaries),
         "test_ppl": [s["test"]["perplexity"] for s in summaries],
         "tokens_per_second": float(np.mean([s["tokens_per_second"] for s in summaries])),
         "train_seconds": float(np.mean([s["train_seconds"] for s in summaries])),
@@ -285,8 +287,10 @@ def translation_columns(pairs: list[str]) -> list[tuple[str, Callable[[dict], st
 
 
 def table_columns(rows: list[dict]) -> list[tuple[str, Callable[[dict], str]]]:
-  """The LM's COLUMNS, or translation's when the runs report BLEU."""
-  return translation_columns(list(rows[0]["bleu_per_pair"])) if "bleu_per_pair" in rows[0] else COLUMNS
+  """The LM's COLUMNS, translation's when the runs report BLEU, the facts regime's when they report recall."""
+  if "bleu_per_pair" in rows[0]:
+    return translation_columns(list(rows[0]["bleu_per_pair"]))
+  return facts_columns(COLUMNS) if all("facts_recall" in row for row in rows) else COLUMNS
 
 
 def markdown_table(rows: list[dict], columns=None) -> str:

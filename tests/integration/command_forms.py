@@ -77,6 +77,8 @@ SKIPS = {
     ("docs/speed.md", "STABLEMOE_DATA_DIR=../shared/data python -m benchmarks.mt_step --workdir /work/runs/mt_step "
                       "--rounds 6 --steps 5"): "a timing benchmark (minutes of compiles and steps on the real pairs); "
                                                "its flags are checked, tests/data/translation/test_mt_packing.py checks the packing",
+    ("docs/facts.md", "python -m benchmarks.facts_step --workdir runs/facts_step"):
+        "a timing benchmark of the facts model's step (minutes); its numbers are in docs/facts.md",
     ("docs/speed.md", "python -m benchmarks.base_assignment"): "a timing benchmark at 16K tokens; flags checked",
     ("docs/speed.md", "python benchmarks/decode_speed.py --workdir runs/mt_stablemoe --sentences 1000"):
         "a timing benchmark on a trained translation run; its flags are checked",
@@ -106,6 +108,10 @@ NOT_RUN = {
                              "comparison",
     "configs/lm_multi_cpu.py": "the multilingual LM probe, 3 methods x 2 seeds at the default's budget (hours); "
                                "tests/data/lm/test_lm_multi.py runs its commands on the tiny model",
+    "configs/facts_cpu.py": "the facts regime (5,000 steps, ~10 min a run); tests/analysis/test_facts_probe.py trains "
+                            "it tiny and checks the probe against a per-line loop",
+    "configs/tune_facts_cpu.py": "the facts regime's tuned comparison (45 runs); tests/compare/test_facts_report.py "
+                                 "reports tiny facts runs",
     "configs/xmoe_cpu.py": "X-MoE's routing as published against the default's, 6 runs (hours); tests/compare/test_sweep.py "
                            "runs a tiny sweep of the same shape",
 }

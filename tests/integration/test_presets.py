@@ -31,6 +31,8 @@ EXPECTED = {
     "lm_files": (1, 8, BATCH_16),
     "lm_multi_cpu": (1, 8, BATCH_16),
     "facts_cpu": (1, 8, BATCH_32),
+    "tune_facts_cpu": (1, 8, BATCH_32),
+    "tune_facts_cpu:name_first": (1, 8, BATCH_32),
     "lm_base": (64, 64, 64),
     "lm_files:lm_base": (64, 64, 64),
     "lm_large": ("mesh.expert=8 must divide the number of devices (1)", 64, 64),

@@ -14,8 +14,8 @@ def test_top1_choices_differ_where_the_experts_do():
 
 def test_top1_as_a_column_equals_top1_flat():
   a, b = np.array([3, 1, 0]), np.array([3, 2, 0])
-  np.testing.assert_array_equal(choice_sets_differ(a[:, None], b), choice_sets_differ(a, b))
-  np.testing.assert_array_equal(choice_sets_differ(a[:, None], b[:, None]), [False, True, False])
+  for x, y in ((a, b), (a[:, None], b), (a, b[:, None]), (a[:, None], b[:, None])):
+    np.testing.assert_array_equal(choice_sets_differ(x, y), np.array([False, True, False]), strict=True)
 
 
 def test_top_k_sets_ignore_order_and_differ_in_any_one_choice():

@@ -310,6 +310,32 @@ def test_bad_values_are_one_config_error(key, value, message):
   assert message in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("key, value", [("top_k", 1), ("top_k", 8), ("bias_update_rate", 0.0), ("balance_weight", 0.0),
+                                        ("centroid_gain", 0.0), ("routed_scale", 1e-6)])
+def test_values_at_the_edge_of_their_range_pass(key, value):
+  from stablemoe_jax.experiment.config_validation import validate_config
+  config = default.get_config()
+  config.model.moe.router = "deepseek"
+  config.model.moe.deepseek[key] = value
+  validate_config(config)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("centroid_gain", -0.1, "model.moe.deepseek.centroid_gain=-0.1 must be >= 0 (orthogonal-init gain"),
+    ("top_k", True, "model.moe.deepseek.top_k=True must be an integer (the default 2)"),
+    ("top_k", 2.0, "model.moe.deepseek.top_k=2.0 must be an integer (the default 2)"),
+    ("routed_scale", -1.0, "model.moe.deepseek.routed_scale=-1.0 must be > 0"),
+])
+def test_a_negative_gain_or_a_top_k_of_another_type_is_one_config_error(key, value, message):
+  from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
+  tree = default.get_config().to_dict()  # a ConfigDict keeps a key's type once set: the value goes in as a dict's
+  tree["model"]["moe"]["router"] = "deepseek"
+  tree["model"]["moe"]["deepseek"][key] = value
+  with pytest.raises(ConfigError) as error:
+    validate_config(ml_collections.ConfigDict(tree))
+  assert str(error.value).startswith(message) and "\n" not in str(error.value), str(error.value)
+
+
 def test_a_deepseek_setting_under_another_router_is_an_error():
   from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
   config = default.get_config()

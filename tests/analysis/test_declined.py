@@ -144,6 +144,16 @@ def test_forced_and_declined_shares_match_independent_routing_and_metrics(tiny_c
     assert 0.0 < summary["forced_fraction"] < 1.0
 
 
+def test_a_dense_model_is_refused_naming_the_setting(tiny_config, prepared_ptb, tmp_path):
+  tiny_config.model.moe.enabled = False
+  exp = _experiment(tiny_config, prepared_ptb, tmp_path / "dense", "stablemoe")
+  try:
+    with pytest.raises(ValueError, match=r"no MoE layer to analyse \(model.moe.enabled is False\)"):
+      declined_tokens(exp, exp.init_state().params, "valid", max_batches=1)
+  finally:
+    exp.checkpointer.close()
+
+
 def test_command_on_a_trained_run_writes_its_json(tiny_config, prepared_ptb, tmp_path, capsys):
   config = train_tiny_run(tiny_config, prepared_ptb, tmp_path, "base")
   result = declined_command.main([str(tmp_path), "--batches", "2"])

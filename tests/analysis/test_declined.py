@@ -52,20 +52,39 @@ def test_top_k_counts_compare_sets_of_choices_and_read_the_largest_gate():
   assert summary["mean_gate_forced"] == pytest.approx((0.6 + 0.009) / 2)
 
 
+def test_top_k_tokens_whose_sets_differ_in_one_choice_only_are_forced():
+  # k = 3 of 6 experts. Token 0: one of three experts swapped (sorted sets (0, 1, 4) / (0, 1, 5): one position
+  # differs); token 1: the same set in another order; token 2: two of three differ; token 3: one differs, and its
+  # sorted sets are shifted ((1, 2, 3) / (2, 3, 4): every position differs). Forced: 0, 2, 3; declined: 0 and 1.
+  counts = DeclinedCounts()
+  train = np.array([[4, 0, 1], [5, 2, 3], [0, 1, 2], [1, 2, 3]])
+  inference = np.array([[1, 5, 0], [3, 5, 2], [0, 4, 5], [4, 3, 2]])
+  counts.add(train, np.array([0.005, 0.002, 0.4, 0.6]), inference, np.ones(4, bool))
+  summary = counts.summary()
+  assert summary["forced_fraction"] == pytest.approx(3 / 4)
+  assert summary["low_gate_fraction_forced"] == pytest.approx(1 / 3)  # token 0 of tokens 0, 2, 3
+  assert summary["low_gate_fraction_own"] == 1.0  # token 1
+  assert summary["mean_gate_forced"] == pytest.approx((0.005 + 0.4 + 0.6) / 3)
+
+
 def _experiment(tiny_config, prepared_ptb, tmp_path, router):
   config = ml_collections.ConfigDict(tiny_config.to_dict())
   config.model.moe.router = router
+  if router == "switch_top2_jitter":  # top-2 whose training routing (input noise) differs from inference's
+    config.model.moe.router = "switch"
+    config.model.moe.switch.top_k, config.model.moe.switch.jitter = 2, 0.5
   share_prepared_ptb(prepared_ptb, tmp_path)
   return loop.Experiment(config, tmp_path)
 
 
 def _reference(exp, params, batches):
   """Forced share from the routing records' router (every choice, compared as sets); low-gate share and mean gate
-  from the layer's sown training metrics (each token's largest gate); the first choice's sown gates."""
+  from the layer's sown training metrics (each token's largest gate); the first choice's sown gates; the forced
+  tokens whose sorted sets differ in some positions but not all."""
   cfg = exp.config
   model = analysis_model(exp.task, cfg.model)
   sample_router = jax.jit(make_sample_router(model, cfg.seed, choices=True), static_argnums=2)
-  forced, low, mean_gate, tokens, first_gates = 0.0, 0.0, 0.0, 0, []
+  forced, low, mean_gate, tokens, first_gates, partly = 0.0, 0.0, 0.0, 0, [], 0
   for batch in batches:
     inputs = global_inputs(exp, batch)
     train, inference = sample_router(params, inputs, True)
@@ -77,11 +96,13 @@ def _reference(exp, params, batches):
     n = int((np.asarray(batch["weights"]) > 0).sum())
     assert n == batch["weights"].size  # full batches: the metric's weighted mean is a plain mean
     train_sets, inference_sets = (np.sort(np.asarray(r["moe_0"]), axis=-1) for r in (train, inference))
-    forced += float((train_sets != inference_sets).any(axis=-1).sum())
+    differ = (train_sets != inference_sets).sum(axis=-1)  # positions of the sorted sets that differ
+    forced += float((differ > 0).sum())
+    partly += int(((differ > 0) & (differ < train_sets.shape[-1])).sum())  # forced, not in every position
     low += float(metric("low_gate_fraction")) * n
     mean_gate += float(metric("mean_gate")) * n
     tokens += n
-  return forced / tokens, low / tokens, mean_gate / tokens, np.concatenate(first_gates)
+  return forced / tokens, low / tokens, mean_gate / tokens, np.concatenate(first_gates), partly
 
 
 def _rank_expert_0_first(params):
@@ -92,7 +113,7 @@ def _rank_expert_0_first(params):
                                        for k, v in flat.items()})
 
 
-@pytest.mark.parametrize("router", ["base", "hash", "deepseek"])
+@pytest.mark.parametrize("router", ["base", "hash", "deepseek", "switch_top2_jitter"])
 def test_forced_and_declined_shares_match_independent_routing_and_metrics(tiny_config, prepared_ptb, tmp_path, router):
   exp = _experiment(tiny_config, prepared_ptb, tmp_path, router)
   try:
@@ -108,7 +129,7 @@ def test_forced_and_declined_shares_match_independent_routing_and_metrics(tiny_c
   assert list(layers) == ["moe_0"]
   summary = layers["moe_0"]
   assert summary["tokens"] == 3 * cfg.train.batch_size * cfg.train.seq_len
-  forced, low, mean_gate, first_gates = _reference(exp, params, batches)
+  forced, low, mean_gate, first_gates, partly = _reference(exp, params, batches)
   assert summary["forced_fraction"] == pytest.approx(forced)
   assert summary["low_gate_fraction"] == pytest.approx(low, abs=1e-6)
   if router == "hash":  # the same table in training and at inference; gate 1
@@ -117,8 +138,20 @@ def test_forced_and_declined_shares_match_independent_routing_and_metrics(tiny_c
     assert summary["forced_fraction"] == 0.0
     assert (first_gates < 0.5).sum() >= 10  # the first choice's gate is not the largest for these tokens
     assert summary["mean_gate_own"] == pytest.approx(mean_gate, rel=1e-5) and summary["mean_gate_own"] >= 0.5
+  elif router == "switch_top2_jitter":  # the noise changes some tokens' sets, some in one sorted position only
+    assert 0.0 < summary["forced_fraction"] < 1.0 and partly > 0
   else:  # the balanced assignment moves some tokens off their argmax at initialisation already
     assert 0.0 < summary["forced_fraction"] < 1.0
+
+
+def test_a_dense_model_is_refused_naming_the_setting(tiny_config, prepared_ptb, tmp_path):
+  tiny_config.model.moe.enabled = False
+  exp = _experiment(tiny_config, prepared_ptb, tmp_path / "dense", "stablemoe")
+  try:
+    with pytest.raises(ValueError, match=r"no MoE layer to analyse \(model.moe.enabled is False\)"):
+      declined_tokens(exp, exp.init_state().params, "valid", max_batches=1)
+  finally:
+    exp.checkpointer.close()
 
 
 def test_command_on_a_trained_run_writes_its_json(tiny_config, prepared_ptb, tmp_path, capsys):

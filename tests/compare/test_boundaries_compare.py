@@ -117,6 +117,19 @@ def test_pairs_refuse_an_ablation_with_two_baselines():
     paired.parse_pairs("a:b,a:c", ["a", "b", "c"])
 
 
+@pytest.mark.parametrize("text, problem", [("b:b", "'b:b' compares a method with itself"),
+                                           ("a:b, a:b", "'a:b' is named twice")])
+def test_pairs_refuse_a_method_against_itself_and_a_repeat_naming_their_key(text, problem):
+  with pytest.raises(ConfigError, match=f"^compare.pairs={text!r}: {problem}; name each contrast"):
+    paired.parse_pairs(text, ["a", "b", "c"])
+
+
+@pytest.mark.parametrize("text", ["a:b:c", ":b", "a:", "a:B"])
+def test_contrasts_refuse_a_malformed_item_naming_it(text):
+  with pytest.raises(ConfigError, match=f"^compare.contrasts={text!r}: {text!r} must be METHOD:BASELINE with both "):
+    paired.parse_contrasts(text, ["a", "b", "c"])
+
+
 def test_contrasts_keep_their_order_and_a_method_on_the_left_twice():
   assert paired.parse_contrasts(" a:b, a:c ,c:b,", ["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("c", "b")]
   assert paired.parse_contrasts("a:b,b:a", ["a", "b"]) == [("a", "b"), ("b", "a")]  # reversed: another contrast

@@ -125,3 +125,32 @@ def test_a_typo_override_on_the_command_line_exits_2_with_one_line():
        "--mode=plan", "--config.model.moe.num_expert=4"], capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 2, result.stderr[-2000:]
   assert "num_expert" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- the type check at its edges (issue 75): the values of another type that Python's isinstance lets through --------
+
+@pytest.mark.parametrize("cls, key, value, expected", [
+    (settings.MoESettings, "num_experts", True, "an integer"),  # bool is an int subclass
+    (settings.MoESettings, "num_experts", 8.0, "an integer"),  # a whole float is still not an integer
+    (settings.TrainSettings, "learning_rate", True, "a number"),
+    (settings.MoESettings, "enabled", 0, "a bool"),
+    (settings.DecodeSettings, "sets", None, "a string"),
+])
+def test_a_value_of_a_neighbouring_type_is_refused_naming_the_key(cls, key, value, expected):
+  with pytest.raises(ConfigError) as error:
+    settings.typed(cls, {key: value})
+  path = {settings.MoESettings: "model.moe", settings.TrainSettings: "train", settings.DecodeSettings: "decode"}[cls]
+  assert str(error.value).startswith(f"{path}.{key}={value!r} must be {expected} (the default ")
+  assert f"set --config.{path}.{key} to one." in str(error.value)
+
+
+@pytest.mark.parametrize("cls, key, value", [
+    (settings.TrainSettings, "learning_rate", 1),  # an integer is a number
+    (settings.MoESettings, "num_experts", 1),
+    (settings.MoESettings, "enabled", False),
+    (settings.MoESettings, "enabled", True),
+    (settings.DecodeSettings, "sets", ""),
+])
+def test_a_value_of_the_field_s_type_is_kept_as_given(cls, key, value):
+  got = getattr(settings.typed(cls, {key: value}), key)
+  assert got == value and type(got) is type(value)

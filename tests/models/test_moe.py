@@ -88,6 +88,17 @@ def test_expert_capacity_hand_computed_on_non_divisible_cases():
   assert {k: capacity_lib.expert_capacity(*k) for k in topk} == topk
 
 
+@pytest.mark.parametrize("args, capacity", [
+    ((9, 4, -1.0, 2), 9),  # a negative factor, like 0: no limit
+    ((64, 8, 1e-3, 2), 1),  # at least one slot, whatever k
+    ((16, 8, 0.5, 2), 2),  # ceil(0.5 * 2 * 16 / 8) = 2 exactly: no rounding up past a whole number
+    ((16, 8, 0.5001, 2), 3),  # just over it: the next slot
+    ((12, 4, 1.5, 2), 9), ((12, 4, 2.0, 2), 12), ((12, 4, 2.5, 2), 12),  # k * cf * T / N below, at and over T
+])
+def test_top_k_capacity_at_its_edges(args, capacity):
+  assert capacity_lib.expert_capacity(*args) == capacity
+
+
 @pytest.mark.parametrize("stage1", [True, False])
 @pytest.mark.parametrize("capacity_factor", [2.0, 0.75])  # C = 4 and 2 a group of 8, 12 and 5 a group of 24
 @pytest.mark.parametrize("num_groups, dispatcher", [(1, "index"), (3, "index"), (3, "one_hot"),

@@ -27,6 +27,47 @@ def test_bad_top_k_and_shared_experts_are_one_config_error(changes, message):
   assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def _validated(changes):
+  """configs/default.py with ``changes`` ({"key.under.model.moe": value}) set in its dict (a ConfigDict keeps a key's
+  type once set, so a value of another type goes in as a dict's), validated."""
+  import ml_collections
+  from configs import default
+  from stablemoe_jax.experiment.config_validation import validate_config
+  tree = default.get_config().to_dict()
+  for key, value in changes.items():
+    target = tree["model"]["moe"]
+    *sections, name = key.split(".")
+    for section in sections:
+      target = target[section]
+    target[name] = value
+  validate_config(ml_collections.ConfigDict(tree))
+
+
+@pytest.mark.parametrize("changes", [
+    {"shared_experts": 0}, {"shared_experts": 1},
+    {"router": "switch", "switch.top_k": 1}, {"router": "switch", "switch.top_k": 8},
+    {"router": "switch", "switch.top_k": 1, "switch.fixed_routing": True},  # one choice: the distilled router fits
+    {"router": "switch", "switch.top_k": 2, "switch.fixed_routing": False},
+])
+def test_top_k_and_shared_experts_at_the_edges_pass(changes):
+  _validated(changes)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"shared_experts": True}, "model.moe.shared_experts=True must be an integer (the default 0)"),
+    ({"shared_experts": 1.0}, "model.moe.shared_experts=1.0 must be an integer (the default 0)"),
+    ({"router": "switch", "switch.top_k": True}, "model.moe.switch.top_k=True must be an integer (the default 1)"),
+    ({"router": "switch", "switch.top_k": 2, "switch.fixed_routing": True},
+     "model.moe.switch.top_k=2 needs model.moe.switch.fixed_routing=False: the distilled router routes each token to "
+     "one expert; set --config.model.moe.switch.top_k=1 or drop fixed_routing."),
+])
+def test_a_top_k_or_shared_experts_of_another_type_is_one_error_naming_the_key(changes, message):
+  from stablemoe_jax.experiment.config_validation import ConfigError
+  with pytest.raises(ConfigError) as error:
+    _validated(changes)
+  assert str(error.value).startswith(message) and "\n" not in str(error.value), str(error.value)
+
+
 def test_bad_top_k_exits_2_with_one_line_from_the_command_line(tmp_path):
   import os
   import subprocess

@@ -141,6 +141,30 @@ def test_shared_experts_leave_padding_unchanged_and_are_not_split_over_expert_de
   assert boxed["shared_experts"]["w_in"].names[0] is None and boxed["experts"]["w_in"].names[0] == "experts"
 
 
+def test_shared_experts_drop_out_in_training_only():
+  # Dropout 0.5 inside every expert. The shared experts' part of the output (the layer's, less the same layer's with
+  # their w_out and b_out at 0, the routed part and its dropout keys unchanged) is the hand sum without dropout in
+  # evaluation, and in training (the same dropout key) a different one; with dropout 0, the hand sum in both modes.
+  cfg = moe_config(shared_experts=1)
+  _, params, x, ids = init_layer(cfg)
+  silent = {**params, "shared_experts": {**params["shared_experts"],
+                                         **{k: jnp.zeros_like(params["shared_experts"][k]) for k in ("w_out", "b_out")}}}
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params["shared_experts"])
+  h = np.asarray(x, np.float64).reshape(24, D)
+  want = np.stack([np_ffn_stack(p, 0, h[t]) for t in range(24)])
+  for dropout in (0.0, 0.5):
+    layer = make_moe_layer(cfg, VOCAB, SUB, FF, dropout=dropout)
+    apply = jax.jit(lambda params, training, layer=layer: layer.apply(
+        {"params": params}, x, ids, jnp.array(True), deterministic=not training,
+        rngs={"dropout": jax.random.key(3)}), static_argnums=1)
+    for training in (False, True):
+      shared = (np.asarray(apply(params, training), np.float64) - np.asarray(apply(silent, training))).reshape(24, D)
+      if dropout and training:
+        assert np.abs(shared - want).max() > 0.1 and np.mean(shared == 0.0) < 0.5
+      else:
+        np.testing.assert_allclose(shared, want, rtol=2e-4, atol=2e-4)
+
+
 def test_registry_top_k_and_gate_kind():
   cfg = moe_config(top_k=3)
   assert routers.top_k(cfg) == 3 and routers.gate_kind(cfg) == "softmax"

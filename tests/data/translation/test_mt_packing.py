@@ -207,6 +207,21 @@ def test_config_checks():
   assert task.model_keywords({"source": 0}) == {}
 
 
+@pytest.mark.parametrize("pack, buckets", [(False, 1), (False, 2), (True, 1)])
+def test_length_buckets_are_refused_only_with_packed_rows(pack, buckets):
+  config = tiny_model_config(VOCAB)
+  config.data.pack_pairs, config.data.length_buckets = pack, buckets
+  translation_task.check_config(config)
+
+
+def test_a_pack_pairs_of_another_type_is_one_error_naming_the_key():
+  import ml_collections
+  tree = tiny_model_config(VOCAB).to_dict()
+  tree["data"]["pack_pairs"] = 1  # a ConfigDict keeps a key's type once set: the value goes in as a dict's
+  with pytest.raises(ConfigError, match=r"^data.pack_pairs=1 must be a bool \(the default False\)"):
+    translation_task.check_config(ml_collections.ConfigDict(tree))
+
+
 def test_primary_set_names():
   rng = np.random.default_rng(4)
   sets = [_encoded_set(rng, 2, "de-en", n) for n in ("test_2017_flickr", "test_2016_flickr")]

@@ -8,7 +8,8 @@ the default (its other routers and the dense baselines are one override away: do
 point records each fact's recall and the expert its value-predicting token goes to (``workdir/facts/``); the summary
 reports recall, the value tokens' NLL, how many experts the facts use, and forgetting when routes change.
 
-Run: python -m stablemoe_jax.main --config configs/facts_cpu.py --workdir runs/facts
+Run (StableMoE: 288 s of wall time on 2 quiet cores, evaluation included):
+  python -m stablemoe_jax.main --config configs/facts_cpu.py --workdir runs/facts
 The other layout: --config.data.facts.layout=name_first. A dense model of the MoE's total parameters:
 --config.model.moe.enabled=False --config.model.dense_match=wider.
 """

@@ -80,12 +80,21 @@ class RoutingCounts:
         "load": load.tolist(),
         "load_entropy": entropy,
         "max_entropy": float(np.log(self.num_experts)),
-        "load_balance": entropy / float(np.log(self.num_experts)) if self.num_experts > 1 else 1.0,
+        "load_balance": load_balance(per_expert),
         "max_load": float(load.max()),
         "low_gate_fraction": self.low_gate_count / tokens,
         "mean_gate": self.top_gate_sum / tokens,
         "mean_gate_per_expert": (self.gate_sum / np.maximum(per_expert, 1)).tolist(),
     }
+
+
+def load_balance(load: np.ndarray) -> float:
+  """The entropy of a per-expert load [N] (counts or shares) over ln N: 1 when every expert is equally used, 0 for
+  one expert or no load at all; 1.0 for N = 1."""
+  load = np.asarray(load, np.float64)
+  load = load / max(load.sum(), 1e-12)
+  used = load[load > 0]
+  return float(-np.sum(used * np.log(used)) / np.log(len(load))) if len(load) > 1 else 1.0
 
 
 def markdown_table(layer_tables: dict[str, list[dict]]) -> str:

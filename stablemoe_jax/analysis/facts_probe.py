@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablemoe_jax.analysis import forgetting
+from stablemoe_jax.analysis.cohesion import load_balance
 from stablemoe_jax.analysis.routes import analysis_model, sorted_layers, sown_choices
 from stablemoe_jax.models.routing import ROUTING
 from stablemoe_jax.parallel import mesh as mesh_lib
@@ -44,14 +45,6 @@ def point_steps(directory: pathlib.Path) -> list[int]:
 
 def _point_path(directory: pathlib.Path, step: int) -> pathlib.Path:
   return directory / f"step_{step:07d}.npz"
-
-
-def normalised_entropy(counts: np.ndarray) -> float:
-  """Entropy of the distribution ``counts`` [E] over ln E (1: every expert equally used; 0: one expert)."""
-  p = np.asarray(counts, np.float64)
-  p = p / max(p.sum(), 1e-12)
-  nz = p[p > 0]
-  return float(-(nz * np.log(nz)).sum() / np.log(len(p))) if len(p) > 1 else 1.0
 
 
 def recall_from_logits(argmax: np.ndarray, targets: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -139,10 +132,10 @@ class FactsProbe:
     metrics = {"facts/recall": float(recalled.mean()), "facts/value_nll": float(value_nll.mean())}
     for index, layer in enumerate(layers):
       value_load = np.bincount(inference_routes[index].ravel(), minlength=self._num_experts)
-      value_balance = normalised_entropy(value_load)
+      value_balance = load_balance(value_load)
       metrics[f"facts/{layer}/value_balance"] = value_balance
       metrics[f"facts/{layer}/value_experts"] = float(np.exp(value_balance * np.log(self._num_experts)))
-      metrics[f"facts/{layer}/token_balance"] = normalised_entropy(
+      metrics[f"facts/{layer}/token_balance"] = load_balance(
           np.bincount(all_inference[layer].ravel(), minlength=self._num_experts))
     if self._is_chief:
       np.savez(_point_path(self._directory, step), recalled=recalled, value_nll=value_nll, train_routes=train_routes,

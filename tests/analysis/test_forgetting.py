@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from stablemoe_jax.analysis import forgetting
-from stablemoe_jax.analysis.facts_probe import normalised_entropy, recall_from_logits
+from stablemoe_jax.analysis.cohesion import load_balance
+from stablemoe_jax.analysis.facts_probe import recall_from_logits
 
 
 def test_counts_by_hand():
@@ -96,7 +97,7 @@ def test_recall_needs_every_value_token_and_reads_only_value_positions():
   assert recall_from_logits(argmax, targets, positions).tolist() == [True, True]
 
 
-def test_normalised_entropy_by_hand():
-  assert normalised_entropy(np.array([5, 5, 5, 5])) == pytest.approx(1.0)
-  assert normalised_entropy(np.array([7, 0, 0, 0])) == 0.0
-  assert normalised_entropy(np.array([1, 1, 0, 0])) == pytest.approx(np.log(2) / np.log(4))
+def test_load_balance_by_hand():
+  assert load_balance(np.array([5, 5, 5, 5])) == pytest.approx(1.0)
+  assert load_balance(np.array([7, 0, 0, 0])) == 0.0
+  assert load_balance(np.array([1, 1, 0, 0])) == pytest.approx(np.log(2) / np.log(4))

@@ -22,7 +22,7 @@ Batch = dict[str, np.ndarray]
 DEFAULT_READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=8)
 
 
-def _per_process_batch(batch_size: int, shard_index: int, shard_count: int) -> int:
+def per_process_batch(batch_size: int, shard_index: int, shard_count: int) -> int:
   if shard_count < 1 or not 0 <= shard_index < shard_count:
     raise ValueError(f'Need 0 <= shard_index < shard_count, got {shard_index}, {shard_count}.')
   if batch_size < 1 or batch_size % shard_count:
@@ -41,7 +41,7 @@ def train_dataset(
     shard_count: int = 1,
 ) -> grain.MapDataset:
   """Infinite MapDataset of this process's training batches ([B // shard_count, S] each)."""
-  local = _per_process_batch(batch_size, shard_index, shard_count)
+  local = per_process_batch(batch_size, shard_index, shard_count)
   ds = grain.MapDataset.source(blocks_lib.TrainBlocks(stream, seq_len))
   ds = ds.seed(seed).shuffle().repeat(None)
   ds = ds.batch(local, drop_remainder=True)

@@ -29,6 +29,7 @@ import numpy as np
 from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.core.settings import FactsSettings, typed
 from stablemoe_jax.data.common.tokenizers import EOS, WordTokenizer
+from stablemoe_jax.data.lm.batches import per_process_batch
 from stablemoe_jax.data.lm.stream import TokenStream
 
 LAYOUTS = ("attribute_first", "name_first")
@@ -187,12 +188,9 @@ class FactsTrainIterator:
 
   def __init__(self, lines: np.ndarray, batch_size: int, seq_len: int, seed: int, shard_index: int = 0,
                shard_count: int = 1):
-    if shard_count < 1 or not 0 <= shard_index < shard_count or batch_size % shard_count:
-      raise ValueError(f"batch_size={batch_size} must split evenly over shard_count={shard_count} (process "
-                       f"{shard_index}).")
     self._lines, self._seed = lines, seed
     self._per_row = seq_len // lines.shape[1]
-    self._batch, self._local = batch_size, batch_size // shard_count
+    self._batch, self._local = batch_size, per_process_batch(batch_size, shard_index, shard_count)
     self._first_row = shard_index * self._local
     self._next = 0
     self._orders: dict[int, np.ndarray] = {}

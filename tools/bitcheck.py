@@ -2,7 +2,8 @@
 
   python tools/bitcheck.py run OUT        # the three runs below into OUT/{lm,mt,deepseek} (~10 min on 2 busy cores)
   python tools/bitcheck.py compare A B    # every value of A's runs against B's; exit 1 on any difference
-  python tools/bitcheck.py reports OUT    # the committed reports regenerated into OUT/<name>/ and diffed (bytes)
+  python tools/bitcheck.py reports OUT [OLD_OUT]  # the reports regenerated into OUT/<name>/, diffed (bytes) with the
+                                                 # committed ones and with the old code's OLD_OUT
 
 The runs: the default LM (configs/default.py) for 50 steps (warmup 10) with stage 2 from step 26, a log window every 10 steps,
 evaluations, checkpoints and routing records every 25 (each evaluation 2 batches); the tests' shared tiny
@@ -26,9 +27,10 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CLOCK = re.compile(r"seconds|per_second|_time|^time$|^device$")  # keys whose values are the machine's, not the run's
 SKIPPED_FILES = re.compile(r"events\.out\.tfevents|/checkpoints/|metrics\.jsonl$|summary\.json$")
-REPORTS = {  # name: (preset, the committed files it writes)
-    "tune_h100": ("configs/tune_routers_cpu.py", "results/tune_h100", ("comparison.md", "comparison.json")),
+REPORTS = {  # name: (preset, its committed report folder or None, the report's files)
+    "tune_h100": ("configs/tune_cpu.py", "results/tune_h100", ("comparison.md", "comparison.json")),  # PTB
     "tune_mt_cpu": ("configs/tune_mt_cpu.py", "results/tune_mt_cpu", ("comparison.md", "comparison.json")),
+    "tune_routers": ("configs/tune_routers_cpu.py", None, ("comparison.md", "comparison.json")),  # not committed
 }
 
 
@@ -138,17 +140,21 @@ def compare_runs(a: pathlib.Path, b: pathlib.Path) -> int:
   return 1 if problems else 0
 
 
-def regenerate_reports(out: pathlib.Path) -> int:
-  """Each committed report written again from its committed runs into ``out/<name>``, compared with the committed
-  files byte for byte (the reading of the runs' small files in ``results/``; nothing there is written)."""
+def regenerate_reports(out: pathlib.Path, baseline: pathlib.Path | None) -> int:
+  """Each report written again from the committed runs (``results/``, read only) into ``out/<name>``, compared byte
+  for byte with the committed report and, given ``baseline`` (the same command's ``out`` of the old code), with it."""
   different = 0
-  for name, (preset, results, files) in REPORTS.items():
+  for name, (preset, committed, files) in REPORTS.items():
     _python("-m", "stablemoe_jax.compare", "--config", preset, "--workdir", str(out / name),
-            f"--config.compare.results_dir={results}", "--config.compare.report_only=True")
+            "--config.compare.results_dir=" + (committed or "results/tune_h100"), "--config.compare.report_only=True")
     for f in files:
-      same = (out / name / f).read_bytes() == (ROOT / results / f).read_bytes()
-      different += not same
-      print(f"{out / name / f}: {'identical' if same else 'DIFFERENT'} to the committed {results}/{f}")
+      written = (out / name / f).read_bytes()
+      for label, other in (("the committed", ROOT / committed / f if committed else None),
+                           ("the baseline's", baseline / name / f if baseline else None)):
+        if other is not None:
+          same = written == other.read_bytes()
+          different += not same
+          print(f"{out / name / f}: {'identical' if same else 'DIFFERENT'} to {label} {other}")
   return 1 if different else 0
 
 
@@ -167,7 +173,8 @@ def main(argv: list[str]) -> int:
   if command == "compare":
     return compare_runs(pathlib.Path(args[0]), pathlib.Path(args[1]))
   if command == "reports":
-    return regenerate_reports(pathlib.Path(args[0]).absolute())
+    return regenerate_reports(pathlib.Path(args[0]).absolute(),
+                              pathlib.Path(args[1]).absolute() if len(args) > 1 else None)
   raise SystemExit(__doc__)
 
 

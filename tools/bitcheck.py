@@ -11,7 +11,8 @@ translation run (tests/mt_fixtures.py, routing records and greedy BLEU) for 30 s
 DeepSeek's router (its bias hook after every update) for 12 steps. ``compare`` checks every ``metrics.jsonl`` value
 and every ``summary.json`` value except clock fields (seconds, tokens per second, the device), every checkpoint
 leaf (orbax restore, ``np.array_equal``) with its data position and config, and the bytes of every other file
-(config.json, the analysis reports and records, the tokenizer), TensorBoard event files excepted.
+(config.json, the analysis reports and records, the tokenizer), TensorBoard event files excepted; the two run
+folders' own paths (in configs and summaries) are read as one.
 """
 from __future__ import annotations
 
@@ -80,8 +81,10 @@ def _leaves(value, path=""):
     yield path, value
 
 
-def _compare_json(a, b, where: str, problems: list[str]) -> int:
-  left, right = dict(_leaves(a)), dict(_leaves(b))
+def _compare_json(a, b, where: str, problems: list[str], roots: tuple[str, str]) -> int:
+  """Counts a's leaves; appends each difference (a string's run folder read as ROOT) to ``problems``."""
+  left = {k: v.replace(roots[0], "ROOT") if isinstance(v, str) else v for k, v in _leaves(a)}
+  right = {k: v.replace(roots[1], "ROOT") if isinstance(v, str) else v for k, v in _leaves(b)}
   for key in sorted(set(left) | set(right)):
     if key not in left or key not in right or left[key] != right[key]:
       problems.append(f"{where}{key}: {left.get(key, '<absent>')!r} != {right.get(key, '<absent>')!r}")
@@ -97,15 +100,19 @@ def _checkpoint_leaves(step_dir: pathlib.Path) -> dict:
 
 def compare_runs(a: pathlib.Path, b: pathlib.Path) -> int:
   problems: list[str] = []
+  roots = (str(a), str(b))  # the runs' folders, which paths in configs and summaries name: ROOT in both
+
+  def read(path: pathlib.Path, root: str) -> bytes:
+    return path.read_bytes().replace(root.encode(), b"ROOT")
   counts = {"metrics values": 0, "summary values": 0, "checkpoint leaves": 0, "other files": 0}
   for run in sorted(p.name for p in a.iterdir() if (p / "summary.json").is_file()):
     ra, rb = a / run, b / run
     rows_a = [json.loads(line) for line in (ra / "metrics.jsonl").read_text().splitlines()]
     rows_b = [json.loads(line) for line in (rb / "metrics.jsonl").read_text().splitlines()]
-    counts["metrics values"] += _compare_json(rows_a, rows_b, f"{run}/metrics.jsonl", problems)
+    counts["metrics values"] += _compare_json(rows_a, rows_b, f"{run}/metrics.jsonl", problems, roots)
     counts["summary values"] += _compare_json(json.loads((ra / "summary.json").read_text()),
                                               json.loads((rb / "summary.json").read_text()),
-                                              f"{run}/summary.json", problems)
+                                              f"{run}/summary.json", problems, roots)
     steps_a = sorted(p.name for p in (ra / "checkpoints").iterdir() if p.name.isdigit())
     steps_b = sorted(p.name for p in (rb / "checkpoints").iterdir() if p.name.isdigit())
     if steps_a != steps_b:
@@ -122,8 +129,8 @@ def compare_runs(a: pathlib.Path, b: pathlib.Path) -> int:
           problems.append(f"{run}/checkpoints/{step}{key}: arrays differ")
       for part in ("data", "config"):
         counts["checkpoint leaves"] += 1
-        if (ra / "checkpoints" / step / part / "metadata").read_bytes() != \
-           (rb / "checkpoints" / step / part / "metadata").read_bytes():
+        if (read(ra / "checkpoints" / step / part / "metadata", roots[0])
+            != read(rb / "checkpoints" / step / part / "metadata", roots[1])):
           problems.append(f"{run}/checkpoints/{step}/{part}: differs")
     files_a = {str(p.relative_to(ra)) for p in ra.rglob("*") if p.is_file() and not SKIPPED_FILES.search(str(p))}
     files_b = {str(p.relative_to(rb)) for p in rb.rglob("*") if p.is_file() and not SKIPPED_FILES.search(str(p))}
@@ -131,7 +138,7 @@ def compare_runs(a: pathlib.Path, b: pathlib.Path) -> int:
       problems.append(f"{run}/{name}: in one run only")
     for name in sorted(files_a & files_b):
       counts["other files"] += 1
-      if (ra / name).read_bytes() != (rb / name).read_bytes():
+      if read(ra / name, roots[0]) != read(rb / name, roots[1]):
         problems.append(f"{run}/{name}: bytes differ")
   print(", ".join(f"{n} {k}" for k, n in counts.items()) + " compared")
   for line in problems:

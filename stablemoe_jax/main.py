@@ -79,7 +79,7 @@ def main(argv: list[str]) -> None:
     result = plan_lib.plan(_CONFIG.value, _PLAN_DEVICES.value, _PLAN_MEMORY.value)
     print(plan_lib.format_plan(result))
   elif _MODE.value == "train":
-    result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value).to_json()
   elif _MODE.value == "analyze":
     result = analysis_command.analyze_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value, _SPLIT.value)
   elif _MODE.value == "translate":

@@ -7,27 +7,29 @@ from typing import Callable
 
 import numpy as np
 
+from stablemoe_jax.core.summary import RunSummary
+
 
 def _mean_or_none(values: list) -> float | None:
   values = [v for v in values if v is not None]
   return float(np.mean(values)) if values else None
 
 
-def facts_cells(summaries: list[dict]) -> dict:
+def facts_cells(summaries: list[RunSummary]) -> dict:
   """A method row's facts entries ({} when its runs have no facts summary)."""
-  if not all("facts" in s for s in summaries):
+  if not all(s.facts is not None for s in summaries):
     return {}
-  finals = [s["facts"]["final"] for s in summaries]
+  finals = [s.facts["final"] for s in summaries]
   recall = [f["facts/recall"] for f in finals]
   experts = [[v for k, v in f.items() if k.endswith("/value_experts")] for f in finals]
-  forgetting = [s["facts"]["forgetting"] for s in summaries]
+  forgetting = [s.facts["forgetting"] for s in summaries]
   return {"facts_recall": recall, "facts_recall_mean": float(np.mean(recall)),
           "facts_recall_std": float(np.std(recall, ddof=1)) if len(recall) > 1 else 0.0,
           "facts_value_nll_mean": float(np.mean([f["facts/value_nll"] for f in finals])),
           "facts_value_experts": _mean_or_none([np.mean(e) if e else None for e in experts]),
           "facts_p_forget_changed": _mean_or_none([f["p_forget_changed"] for f in forgetting]),
           "facts_p_forget_kept": _mean_or_none([f["p_forget_kept"] for f in forgetting]),
-          "facts_route_changing": [s["facts"]["route_changing_after"] for s in summaries]}
+          "facts_route_changing": [s.facts["route_changing_after"] for s in summaries]}
 
 
 def _share(value: float | None) -> str:

@@ -26,14 +26,14 @@ def metric_value(record: dict, metric: str) -> float | None:
   "set/NAME" (the named held-out set NAME's validation perplexity)."""
   summary = record["summary"]
   if metric.startswith(SET_PREFIX):  # a named held-out set's validation perplexity
-    return summary["sets"][metric[len(SET_PREFIX):]]["valid"]["perplexity"]
+    return summary.sets[metric[len(SET_PREFIX):]]["valid"]["perplexity"]
   if metric == "train_loss":
     return record.get("train_loss")
   if metric == "valid_nll":
-    return summary["valid"]["loss"]
+    return summary.valid["loss"]
   if metric == "bleu":
-    return summary["bleu"]["average"]
-  return summary[metric]["perplexity"]
+    return summary.bleu["average"]
+  return getattr(summary, metric)["perplexity"]
 
 
 def t_quantile(degrees_of_freedom: int, level: float = 0.95) -> float:
@@ -94,9 +94,9 @@ def paired_differences(records: list[dict], baseline: str = "dense",
       continue
     seeds = sorted(set(runs) & set(base))
     entry = {"baseline": against, "seeds": seeds}
-    translation = seeds and all("bleu" in runs[s]["summary"] and "bleu" in base[s]["summary"] for s in seeds)
-    sets = [f"{SET_PREFIX}{name}" for name in runs[seeds[0]]["summary"].get("sets", {})] if seeds else []
-    if not all(runs[s]["summary"].get("sets") and base[s]["summary"].get("sets") for s in seeds):
+    translation = seeds and all(runs[s]["summary"].bleu is not None and base[s]["summary"].bleu is not None for s in seeds)
+    sets = [f"{SET_PREFIX}{name}" for name in runs[seeds[0]]["summary"].sets or {}] if seeds else []
+    if not all(runs[s]["summary"].sets and base[s]["summary"].sets for s in seeds):
       sets = []
     for metric in METRICS + (TRANSLATION_METRICS if translation else ()) + tuple(sets):
       values = [(metric_value(runs[s], metric), metric_value(base[s], metric)) for s in seeds]

@@ -14,6 +14,7 @@ from stablemoe_jax.compare.facts_cells import facts_cells, facts_columns
 from stablemoe_jax.compare.figures import device_counts, write_convergence_plot, write_fluctuation_plot
 from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings
+from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.train import health as health_lib
 
 
@@ -70,10 +71,10 @@ K_SET_COLUMN = ("k-sets changing after 20% / 50% / 80%", lambda r: _shares_cell(
 _WORST = {"mean_gate": min, "low_gate_fraction": max, "load_balance": min, "max_load": max, "dropped_fraction": max}
 
 
-def _run_health(summary: dict) -> dict | None:
+def _run_health(summary: RunSummary) -> dict | None:
   """One run's health cells: worst-layer metrics of its last logged window, the smallest layer contribution,
   its dead layers; ``{"moe_layers": 0}`` for a dense model, None if the summary predates health reporting."""
-  health = summary.get("health")
+  health = summary.health
   if health is None:
     return None
   layers = health.get("layers", {})
@@ -107,32 +108,32 @@ def _method_health(runs: list[dict]) -> dict | None:
   return result
 
 
-def _bleu_cells(summaries: list[dict]) -> dict:
+def _bleu_cells(summaries: list[RunSummary]) -> dict:
   """Translation runs: mean over seeds of each pair's test BLEU and of their average (Table 4); {} for the LM."""
-  if "bleu" not in summaries[0]:
+  if summaries[0].bleu is None:
     return {}
-  pairs = list(summaries[0]["bleu"]["per_pair"])
-  average = _mean_std([s["bleu"]["average"] for s in summaries])
-  return {"bleu_per_pair": {p: float(np.mean([s["bleu"]["per_pair"][p] for s in summaries])) for p in pairs},
+  pairs = list(summaries[0].bleu["per_pair"])
+  average = _mean_std([s.bleu["average"] for s in summaries])
+  return {"bleu_per_pair": {p: float(np.mean([s.bleu["per_pair"][p] for s in summaries])) for p in pairs},
           "bleu_average_mean": average[0], "bleu_average_std": average[1],
-          "bleu_average": [s["bleu"]["average"] for s in summaries],
-          "bleu_signature": summaries[0]["bleu"]["signature"]}
+          "bleu_average": [s.bleu["average"] for s in summaries],
+          "bleu_signature": summaries[0].bleu["signature"]}
 
 
-def _set_cells(summaries: list[dict]) -> dict[str, dict] | None:
+def _set_cells(summaries: list[RunSummary]) -> dict[str, dict] | None:
   """Runs with named held-out sets (``data.eval_sets``): per set, the valid and test perplexity of each seed and
   their means, ``{name: {"valid": [...], "valid_mean", "test": [...], "test_mean"}}``; None without sets."""
-  if not all(s.get("sets") for s in summaries):
+  if not all(s.sets for s in summaries):
     return None
-  return {name: {**{split: [s["sets"][name][split]["perplexity"] for s in summaries] for split in ("valid", "test")},
-                 **{f"{split}_mean": float(np.mean([s["sets"][name][split]["perplexity"] for s in summaries]))
+  return {name: {**{split: [s.sets[name][split]["perplexity"] for s in summaries] for split in ("valid", "test")},
+                 **{f"{split}_mean": float(np.mean([s.sets[name][split]["perplexity"] for s in summaries]))
                     for split in ("valid", "test")}}
-          for name in summaries[0]["sets"]}
+          for name in summaries[0].sets}
 
 
-def _valid_loss(summary: dict) -> float:
+def _valid_loss(summary: RunSummary) -> float:
   """Validation loss per token; runs whose summary predates the "loss" key give log(perplexity), the same value."""
-  valid = summary["valid"]
+  valid = summary.valid
   return float(valid["loss"]) if "loss" in valid else float(np.log(valid["perplexity"]))
 
 
@@ -146,29 +147,29 @@ def method_rows(records: list[dict]) -> list[dict]:
     runs = row["records"]
     first = runs[0]
     summaries = [r["summary"] for r in runs]
-    valid = _mean_std([s["valid"]["perplexity"] for s in summaries])
+    valid = _mean_std([s.valid["perplexity"] for s in summaries])
     valid_losses = [_valid_loss(s) for s in summaries]
     valid_loss = _mean_std(valid_losses)
-    test = _mean_std([s["test"]["perplexity"] for s in summaries])
+    test = _mean_std([s.test["perplexity"] for s in summaries])
     train_losses = [r.get("train_loss") for r in runs]
     train_loss = _mean_std(train_losses) if None not in train_losses else (None, None)
-    agreements = [s.get("distill_agreement_at_boundary") for s in summaries]
+    agreements = [s.distill_agreement_at_boundary for s in summaries]
     fluctuations = [r.get("fluctuation") for r in runs]
     result.append({
         "method": name, "label": first["label"], "overrides": first["overrides"], "seeds": [r["seed"] for r in runs],
         "shared_params": first["shared_params"], "expert_params": first["expert_params"],
         "total_params": first["total_params"], "flops_per_token": first["flops_per_token"],
         "valid_ppl_mean": valid[0], "valid_ppl_std": valid[1], "test_ppl_mean": test[0], "test_ppl_std": test[1],
-        "valid_ppl": [s["valid"]["perplexity"] for s in summaries],
+        "valid_ppl": [s.valid["perplexity"] for s in summaries],
         "valid_loss_mean": valid_loss[0], "valid_loss_std": valid_loss[1],
         "valid_loss": valid_losses,
         "train_loss_mean": train_loss[0], "train_loss_std": train_loss[1], "train_loss": train_losses,
         "sets": _set_cells(summaries),
         **_bleu_cells(summaries),
         **facts_cells(summaries),
-        "test_ppl": [s["test"]["perplexity"] for s in summaries],
-        "tokens_per_second": float(np.mean([s["tokens_per_second"] for s in summaries])),
-        "train_seconds": float(np.mean([s["train_seconds"] for s in summaries])),
+        "test_ppl": [s.test["perplexity"] for s in summaries],
+        "tokens_per_second": float(np.mean([s.tokens_per_second for s in summaries])),
+        "train_seconds": float(np.mean([s.train_seconds for s in summaries])),
         "distill_agreement_at_boundary": (float(np.mean(agreements)) if all(a is not None for a in agreements)
                                           else None),
         "fluctuation": _mean_shares(fluctuations),
@@ -176,7 +177,7 @@ def method_rows(records: list[dict]) -> list[dict]:
         "fluctuation_k_set": _k_set_shares(fluctuations),
         "top_k": _top_k(fluctuations),
         "health": _method_health(runs),
-        "eval": summaries[0].get("eval"),
+        "eval": summaries[0].eval,
         "devices": [_device_label(s) for s in summaries],
         "curve_batches": first.get("curve_batches", 0),
         "curve": _mean_curve([r["curve"] for r in runs]),
@@ -186,8 +187,8 @@ def method_rows(records: list[dict]) -> list[dict]:
   return result
 
 
-def _device_label(summary: dict) -> str:
-  device = summary.get("device")
+def _device_label(summary: RunSummary) -> str:
+  device = summary.device
   return f"{device['count']} x {device['kind']}" if device else "unrecorded"
 
 
@@ -424,13 +425,18 @@ def contrasts_of(config) -> list[tuple[str, str]]:
   return paired.parse_contrasts(compare.contrasts, methods)
 
 
+def runs_json(records: list[dict]) -> list[dict]:
+  """The run records as comparison.json's ``runs`` holds them: each record with its summary as summary.json has it."""
+  return [{**record, "summary": record["summary"].to_json()} for record in records]
+
+
 def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[dict]:
   """Writes DIR/comparison.json, DIR/comparison.md, DIR/convergence.png and DIR/fluctuation.png (when runs
   recorded their routing); returns the method rows."""
   workdir = pathlib.Path(workdir)
   rows = method_rows(records)
   (workdir / "comparison.json").write_text(json.dumps(
-      {"config": json.loads(config.to_json_best_effort()), "methods": rows, "runs": records}, indent=2))
+      {"config": json.loads(config.to_json_best_effort()), "methods": rows, "runs": runs_json(records)}, indent=2))
   (workdir / "comparison.md").write_text(
       "# Comparison\n\n" + budget_note(config, rows) + devices_note(rows) + "\n" + markdown_table(rows) + "\n"
       + health_note(rows) + paired_sections(config, rows, records, {r["method"]: r["label"] for r in rows})

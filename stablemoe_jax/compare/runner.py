@@ -17,6 +17,7 @@ from stablemoe_jax.compare.methods import METHODS, method_configs
 from stablemoe_jax.core.errors import NonFiniteLossError
 from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings
+from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.models import flops as flops_lib
 from stablemoe_jax.models import routers
@@ -52,7 +53,7 @@ def model_costs(config: ml_collections.ConfigDict, directory: pathlib.Path) -> d
           "flops_per_token": flops_lib.forward_flops_per_token(params, exp.config.train.seq_len, top_k=top_k)}
 
 
-def validation_curves(records: list[dict], summary: dict, tokens_per_step: int,
+def validation_curves(records: list[dict], summary: RunSummary, tokens_per_step: int,
                       final_measured_alike: bool = True) -> dict[str, list[list[float]]]:
   """From the run's metrics.jsonl records: at every in-training validation, then the final one, ``"curve"``
   [[training seconds, valid perplexity], ...] and ``"token_curve"`` [[training tokens, valid perplexity], ...].
@@ -62,26 +63,26 @@ def validation_curves(records: list[dict], summary: dict, tokens_per_step: int,
   off: a curve of two measures would show their difference as a change in the model (translation's first 10
   batches hold only de-en's and fr-en's pairs). It stays the only point of a run that validated nowhere else."""
   valid = [r for r in records if "valid/perplexity" in r]
-  final = summary["valid"]["perplexity"]
+  final = summary.valid["perplexity"]
   # Scored tokens (translation: real target tokens) where the run logged them, else every position of its steps.
-  counted = [r["trained_tokens"] for r in records if "trained_tokens" in r and r["step"] == summary["steps"]]
+  counted = [r["trained_tokens"] for r in records if "trained_tokens" in r and r["step"] == summary.steps]
   tokens = lambda r: r.get("trained_tokens", r["step"] * tokens_per_step)
   with_final = final_measured_alike or not valid
   return {"curve": [[r["train_seconds"], r["valid/perplexity"]] for r in valid if "train_seconds" in r]
-                   + ([[summary["train_seconds"], final]] if with_final else []),
+                   + ([[summary.train_seconds, final]] if with_final else []),
           "token_curve": [[tokens(r), r["valid/perplexity"]] for r in valid]
-                         + ([[counted[-1] if counted else summary["steps"] * tokens_per_step, final]]
+                         + ([[counted[-1] if counted else summary.steps * tokens_per_step, final]]
                             if with_final else [])}
 
 
-def split_batches(run_config: ml_collections.ConfigDict, summary: dict) -> int | None:
+def split_batches(run_config: ml_collections.ConfigDict, summary: RunSummary) -> int | None:
   """How many batches the whole validation split has, where the run tells: the final validation's count when it
   scored the whole split (``eval.max_batches`` 0) and recorded it; for a language-model run from before that was
   recorded, its non-overlapping blocks of ``eval.seq_len`` predictions in ``eval.batch_size`` rows; else None."""
-  valid, whole = summary["valid"], int(run_config.eval.max_batches) <= 0
+  valid, whole = summary.valid, int(run_config.eval.max_batches) <= 0
   if "batches" in valid:
     return valid["batches"] if whole or valid["batches"] < int(run_config.eval.max_batches) else None
-  mode = summary.get("eval") or {}
+  mode = summary.eval or {}
   if whole and mode.get("mode") == "blocks" and mode.get("stride") in (0, mode.get("seq_len")):
     rows = -(-valid["tokens"] // mode["seq_len"])
     return -(-rows // int(run_config.eval.batch_size))
@@ -93,7 +94,7 @@ def _prefix(requested: int, total: int | None) -> int:
   return 0 if requested <= 0 or (total is not None and requested >= total) else requested
 
 
-def validation_scope(run_config: ml_collections.ConfigDict, summary: dict) -> tuple[int, bool]:
+def validation_scope(run_config: ml_collections.ConfigDict, summary: RunSummary) -> tuple[int, bool]:
   """The validation batches each point of a run's curves scores (``train.eval_batches``; 0: the whole split), and
   whether the final validation (``eval.max_batches``) scores the same ones."""
   total = split_batches(run_config, summary)
@@ -201,14 +202,14 @@ def training_lock(directory: pathlib.Path):
       fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def judged(summary: dict, source: pathlib.Path) -> dict:
+def judged(summary: RunSummary, source: pathlib.Path) -> RunSummary:
   """``summary`` with its health verdict (``ok``, ``dead_layers``, ``verdict``) made again by today's rule
-  (``health.judge_summary``, the last window's load read from ``source``'s metrics.jsonl): runs finished before
+  (``health.judge_health``, the last window's load read from ``source``'s metrics.jsonl): runs finished before
   the rule changed are judged as a new run would be."""
-  if not summary.get("health"):
+  if not summary.health:
     return summary
-  verdict = health.judge_summary(summary, read_metrics(source))
-  return {**summary, "health": {**summary["health"], **verdict}}
+  verdict = health.judge_health(summary.health, read_metrics(source))
+  return summary.with_health({**summary.health, **verdict})
 
 
 def write_verdict(source: pathlib.Path) -> bool:
@@ -217,15 +218,15 @@ def write_verdict(source: pathlib.Path) -> bool:
   file read by hand says what the reports say. True when the file changed."""
   path = pathlib.Path(source) / "summary.json"
   text = path.read_text()
-  updated = json.dumps(judged(json.loads(text), pathlib.Path(source)), indent=2)
+  updated = json.dumps(judged(RunSummary.from_json(json.loads(text)), pathlib.Path(source)).to_json(), indent=2)
   if updated == text:
     return False
   path.write_text(updated)
   return True
 
 
-def _load_summary(source: pathlib.Path) -> dict:
-  return judged(json.loads((source / "summary.json").read_text()), source)
+def _load_summary(source: pathlib.Path) -> RunSummary:
+  return judged(RunSummary.load(source / "summary.json"), source)
 
 
 def train_run(run_config: ml_collections.ConfigDict, workdir: pathlib.Path, relative: str, log, tag: str,
@@ -269,7 +270,7 @@ def train_run(run_config: ml_collections.ConfigDict, workdir: pathlib.Path, rela
 
 
 def run_record(name: str, run_config: ml_collections.ConfigDict, seed_index: int, source: pathlib.Path,
-               summary: dict, costs: dict) -> dict:
+               summary: RunSummary, costs: dict) -> dict:
   """One run's record for the report: its summary, curve, routing fluctuation and its method's costs."""
   saved = source / "fluctuation.json"
   shares = json.loads(saved.read_text()) if saved.exists() else routing_fluctuation(source)
@@ -277,18 +278,18 @@ def run_record(name: str, run_config: ml_collections.ConfigDict, seed_index: int
   curve_batches, final_measured_alike = validation_scope(run_config, summary)
   return {"method": name, "label": METHODS[name].label, "seed_index": seed_index, "seed": run_config.seed,
           "overrides": METHODS[name].overrides, "workdir": str(source), "summary": summary,
-          "fluctuation": shares, "train_loss": training_loss(records, summary["steps"]),
+          "fluctuation": shares, "train_loss": training_loss(records, summary.steps),
           "curve_batches": curve_batches,
           **validation_curves(records, summary, run_config.train.batch_size * run_config.train.seq_len,
                               final_measured_alike), **costs}
 
 
-def log_result(log, tag: str, status: str, summary: dict) -> None:
-  bleu = f", test BLEU {summary['bleu']['average']:.2f}" if "bleu" in summary else ""
-  weak = (summary.get("health") or {}).get("weak_layers")  # > 1 MoE layer: under the line while another works
+def log_result(log, tag: str, status: str, summary: RunSummary) -> None:
+  bleu = f", test BLEU {summary.bleu['average']:.2f}" if summary.bleu is not None else ""
+  weak = (summary.health or {}).get("weak_layers")  # > 1 MoE layer: under the line while another works
   weak = f"; weak layer: {', '.join(weak)} (the model is alive)" if weak else ""
-  log(f"{tag}: {status}; valid ppl {summary['valid']['perplexity']:.2f}, "
-      f"test ppl {summary['test']['perplexity']:.2f}{bleu}, {summary.get('tokens_per_second', 0):.0f} tokens/s{weak}",
+  log(f"{tag}: {status}; valid ppl {summary.valid['perplexity']:.2f}, "
+      f"test ppl {summary.test['perplexity']:.2f}{bleu}, {summary.tokens_per_second or 0:.0f} tokens/s{weak}",
       flush=True)
 
 

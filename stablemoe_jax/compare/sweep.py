@@ -40,6 +40,7 @@ from stablemoe_jax.compare import runner
 from stablemoe_jax.compare.methods import method_configs
 from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings
+from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.train import health as health_lib
 
@@ -192,11 +193,11 @@ def grid_relative(method: str, setting: Setting, grid: Grid, full_steps: int) ->
   return f"{method}/{setting.name}/{suffix}"
 
 
-def is_alive(summary: dict) -> bool:
+def is_alive(summary: RunSummary) -> bool:
   """False when the health verdict finds a MoE layer of the run dead (a dense model is always alive). The runner
   re-judges every summary it loads (``runner.judged``), so runs finished before the verdict's rule are judged by
   it too."""
-  health = summary.get("health") or {}
+  health = summary.health or {}
   return not health.get("dead_layers")
 
 
@@ -278,12 +279,12 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
       if found is not None:
         summary, source, status = found
         runner.log_result(log, tag, status, summary)
-        cell.update(valid_ppl=summary["valid"]["perplexity"], test_ppl=summary["test"]["perplexity"],
-                    alive=is_alive(summary), dead_layers=(summary.get("health") or {}).get("dead_layers", []),
-                    contribution=health_lib.least_contribution(summary.get("health") or {}),
+        cell.update(valid_ppl=summary.valid["perplexity"], test_ppl=summary.test["perplexity"],
+                    alive=is_alive(summary), dead_layers=(summary.health or {}).get("dead_layers", []),
+                    contribution=health_lib.least_contribution(summary.health or {}),
                     workdir=str(source), status=status)
-        if (summary.get("health") or {}).get("weak_layers"):  # > 1 MoE layer: under the line, another works
-          cell["weak_layers"] = summary["health"]["weak_layers"]
+        if (summary.health or {}).get("weak_layers"):  # > 1 MoE layer: under the line, another works
+          cell["weak_layers"] = summary.health["weak_layers"]
       cells.append(cell)
     result["grid"][name] = cells
     rejected: list[dict] = []
@@ -310,7 +311,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
         log(f"{name}: {chosen.name} rejected: {why}; choosing again.", flush=True)
         progress["total"] += len(records) + len(diverged)  # the new choice's seeds; the rejected one's stopped
         rejected.append({**chosen.as_dict(), "dead_seeds": dead_seeds, "diverged_seeds": diverged,
-                         "valid_ppl": {r["seed"]: r["summary"]["valid"]["perplexity"] for r in records}})
+                         "valid_ppl": {r["seed"]: r["summary"].valid["perplexity"] for r in records}})
         continue
       result["records"] += records
       break

@@ -9,7 +9,7 @@ from typing import Callable
 
 from stablemoe_jax.compare.figures import write_convergence_plot, write_fluctuation_plot, write_token_plot
 from stablemoe_jax.compare.report import (budget_note, devices_note, health_note, markdown_table, method_rows,
-                                          paired_sections, table_columns)
+                                          paired_sections, runs_json, table_columns)
 from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings
 
@@ -143,7 +143,7 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
   (workdir / "comparison.json").write_text(json.dumps(
       {"config": json.loads(config.to_json_best_effort()), "selection_steps": result["selection_steps"],
        "settings": result["settings"], "grid": result["grid"], "choices": result["choices"], "methods": rows,
-       "runs": result["records"]}, indent=2))
+       "runs": runs_json(result["records"])}, indent=2))
   train = config.train
   seeds = typed(CompareSettings, config.compare, "compare").seeds
   selection = result["selection_steps"]

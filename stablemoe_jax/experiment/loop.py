@@ -1,7 +1,6 @@
 """The training and evaluation loops: data -> jitted step -> metrics and checkpoints."""
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 from typing import Iterable
@@ -18,6 +17,7 @@ from stablemoe_jax.analysis.recorder import RoutingRecorder
 from stablemoe_jax.experiment import actions
 from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.errors import CheckpointMismatchError
+from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.experiment import plan as plan_lib
 from stablemoe_jax.experiment.clock import TrainClock
 from stablemoe_jax.experiment.config_validation import check_backend, check_prepared, validate_config
@@ -171,7 +171,7 @@ class Experiment:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
-                       stop_at_step: int | None = None) -> dict:
+                       stop_at_step: int | None = None) -> RunSummary | dict:
   """Trains both stages, resuming from the latest checkpoint in ``workdir``, then evaluates.
 
   After each step the actions of ``actions.py`` run when their ``Schedule`` says: log a window, end stage 1,
@@ -184,7 +184,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     stop_at_step: stop after this step without a final save, as a killed run would (for tests).
 
   Returns:
-    The summary also written to ``workdir/summary.json``.
+    The summary also written to ``workdir/summary.json``; ``{"stopped_at_step": step}`` when stopped early.
   """
   exp = Experiment(config, workdir)
   cfg = exp.config
@@ -245,28 +245,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         actions.save(run, step, state, metrics, train_iter)
     run.progress.close()
     train_seconds = clock.seconds()
-    summary = {
-        "steps": train_cfg.steps,
-        "stage1_steps": train_cfg.stage1_steps,
-        "device": device_record(),  # speed columns compare only runs on one kind of device, each alone on it
-        "num_groups": cfg.model.moe.num_groups,  # the routing groups it trained with (0 in the config: one a device)
-        "train_seconds_this_run": round(clock.wall_seconds(), 1),
-        "train_seconds": round(train_seconds, 1),  # all runs of this workdir, evaluations excluded
-        "tokens_per_second": round(train_cfg.steps * run.tokens_per_step / max(train_seconds, 1e-9), 1),
-        "distill_agreement_at_boundary": last_logged(exp.workdir, "distill_agreement_at_boundary", train_cfg.steps),
-        "eval": exp.eval_mode(),
-        "valid": exp.evaluate(state.params, "valid", exp.final_eval_batches),
-        "test": exp.evaluate(state.params, "test", exp.final_eval_batches),
-        "health": guard.summary(experiment_contributions(exp, state.params, "valid")),
-    }
-    summary.update(exp.task.final_report(exp, state.params))
-    if facts_probe.enabled:
-      summary["facts"] = facts_probe.finish(state.params, train_cfg.steps)
-    analysis = recorder.finish(state, train_cfg.steps)
-    if analysis:
-      summary["analysis"] = analysis
+    summary = RunSummary(
+        steps=train_cfg.steps,
+        stage1_steps=train_cfg.stage1_steps,
+        device=device_record(),  # speed columns compare only runs on one kind of device, each alone on it
+        num_groups=cfg.model.moe.num_groups,  # the routing groups it trained with (0 in the config: one a device)
+        train_seconds_this_run=round(clock.wall_seconds(), 1),
+        train_seconds=round(train_seconds, 1),  # all runs of this workdir, evaluations excluded
+        tokens_per_second=round(train_cfg.steps * run.tokens_per_step / max(train_seconds, 1e-9), 1),
+        distill_agreement_at_boundary=last_logged(exp.workdir, "distill_agreement_at_boundary", train_cfg.steps),
+        eval=exp.eval_mode(),
+        valid=exp.evaluate(state.params, "valid", exp.final_eval_batches),
+        test=exp.evaluate(state.params, "test", exp.final_eval_batches),
+        health=guard.summary(experiment_contributions(exp, state.params, "valid")),
+        **exp.task.final_report(exp, state.params),
+        facts=facts_probe.finish(state.params, train_cfg.steps) if facts_probe.enabled else None,
+        analysis=recorder.finish(state, train_cfg.steps) or None)
     if is_chief:
-      (exp.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+      summary.write(exp.workdir / "summary.json")
     return summary
   finally:
     run.progress.close()

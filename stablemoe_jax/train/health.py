@@ -21,7 +21,7 @@ point (``train.eval_every``, on the ``train.eval_batches`` batches the validatio
 window (``patience`` consecutive windows); a layer found dead after ``health.after_step`` is flagged once, and the
 loop prints the message (``on_collapse="warn"``) or raises :class:`~stablemoe_jax.core.errors.CollapseError` (``"stop"``). The run's verdict,
 ``summary.json["health"]``, is the same rule applied at the end of training, on the final contribution
-(``health.contribution_batches`` batches) and the last log window; :func:`judge_summary` applies it to any summary,
+(``health.contribution_batches`` batches) and the last log window; :func:`judge_health` applies it to any summary's section,
 runs written before this rule included, so every committed run is judged alike.
 
 Early warnings, which never make a layer dead: a mean gate pinned near the floor of the range its router can reach
@@ -398,12 +398,12 @@ def least_contribution(health: dict) -> float | None:
   return min((c["relative_perplexity_increase"] for c in layers.values()), default=None)
 
 
-def judge_summary(summary: dict, metrics_records: list[dict] | None = None) -> dict:
-  """:func:`verdict` of any run's summary.json (one rule for every run, those written before this rule too), at the
+def judge_health(health_section: dict | None, metrics_records: list[dict] | None = None) -> dict:
+  """:func:`verdict` of any run's summary.json ``health`` section (one rule for every run, those written before this rule too), at the
   thresholds the run recorded (``health.guard``), else the defaults; the last window's load comes from
-  ``metrics_records`` (its metrics.jsonl) when the summary lacks it. A summary without a health section (a dense
+  ``metrics_records`` (its metrics.jsonl) when the section lacks it. No health section (None or empty: a dense
   run, an old run) gives ``{"ok": True, ...}``."""
-  health = dict(summary.get("health") or {})
+  health = dict(health_section or {})
   guard = health.get("guard") or {}
   thresholds = {key: guard.get(key, getattr(HealthSettings, key)) for key in ("min_contribution", "max_top2_load")}
   layers = {layer: dict(values) for layer, values in (health.get("layers") or {}).items()}

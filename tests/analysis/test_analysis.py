@@ -248,7 +248,7 @@ def test_stablemoe_training_routing_does_not_fluctuate_in_stage2(recorded_run):
   assert train_summary["all_layers"]["stage2_records_identical"]
   assert train_summary["all_layers"]["fluctuating_in_stage2"] == 0.0
   assert train_summary["all_layers"]["last_fluctuation_step_max"] < config.train.stage1_steps
-  assert summary["analysis"]["fluctuation"]["train"]["after_50"] == 0.0  # stage 1 is 6/12 = 50% of training
+  assert summary.analysis["fluctuation"]["train"]["after_50"] == 0.0  # stage 1 is 6/12 = 50% of training
   assert fluctuation.shares_from_workdir(workdir) == {
       k: train_summary["all_layers"][k] for k in ("after_20", "after_50", "after_80")}
 
@@ -313,7 +313,7 @@ def test_analyze_mode_reproduces_the_final_cohesion_table(recorded_run, tmp_path
   assert set(result["health"]["moe_0"]) == {"mean_gate", "low_gate_fraction", "load_balance", "max_load"}
   contribution = json.loads((workdir / "analysis" / "contribution_valid_step12.json").read_text())
   assert result["contribution"] == contribution and set(contribution["layers"]) == {"moe_0"}
-  assert contribution == summary["health"]["contribution"]
+  assert contribution == summary.health["contribution"]
   for name, text in trained.items():
     assert (workdir / "analysis" / name).read_text() == text, name
   assert (workdir / "analysis" / "fluctuation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

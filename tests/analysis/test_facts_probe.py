@@ -77,20 +77,20 @@ def test_probe_against_a_per_line_loop_and_an_exact_resume(tmp_path):
   assert np.array_equal(last["recalled"], recalled)
   assert np.array_equal(last["inference_routes"][0, :, 0], inference_routes)
   assert np.array_equal(last["train_routes"][0, :, 0], train_routes)  # stage 2: the frozen distilled router
-  assert summary["facts"]["final"]["facts/recall"] == pytest.approx(recalled.mean())
-  assert summary["facts"]["recall_curve"][-1] == pytest.approx(recalled.mean(), abs=1e-5)
+  assert summary.facts["final"]["facts/recall"] == pytest.approx(recalled.mean())
+  assert summary.facts["recall_curve"][-1] == pytest.approx(recalled.mean(), abs=1e-5)
   logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   assert [m["step"] for m in logged if "facts/recall" in m] == [4, 8, 12]
   value_balance = [m["facts/moe_0/value_balance"] for m in logged if "facts/recall" in m]
   assert all(0.0 <= v <= 1.0 for v in value_balance)
-  counts = summary["facts"]["forgetting"]
+  counts = summary.facts["forgetting"]
   points = np.stack([np.load(directory / f"step_{s:07d}.npz")["recalled"] for s in (4, 8, 12, 16)])
   assert counts["changed_at_risk"] + counts["kept_at_risk"] == int(points[:-1].sum())
 
   # killed after step 10 (its last checkpoint: step 8), resumed: the same points, bit for bit
   assert loop.train_and_evaluate(config, tmp_path / "killed", stop_at_step=10) == {"stopped_at_step": 10}
   resumed = loop.train_and_evaluate(config, tmp_path / "killed")
-  assert resumed["facts"]["forgetting"] == counts
+  assert resumed.facts["forgetting"] == counts
   for step in (4, 8, 12, 16):
     a = np.load(directory / f"step_{step:07d}.npz")
     b = np.load(facts_probe.facts_dir(tmp_path / "killed") / f"step_{step:07d}.npz")

@@ -5,6 +5,8 @@ import json
 import pathlib
 from typing import Callable
 
+from stablemoe_jax.core.summary import RunSummary
+
 
 def markdown_rows(path: pathlib.Path, header: str) -> dict[str, list[str]]:
   """``{label: the row's cells after the label}`` of the first table in ``path`` whose header line starts with
@@ -55,3 +57,8 @@ def check_report_is_committed_runs(report: dict, repo: pathlib.Path, keys: tuple
   for run in report["runs"]:
     summary = json.loads((repo / run["workdir"] / "summary.json").read_text())
     assert all(summary[key] == run["summary"][key] for key in keys), run["workdir"]
+
+
+def typed_runs(report: dict) -> list[dict]:
+  """A comparison.json's ``runs`` as the runner hands them to the report: each summary a RunSummary."""
+  return [{**run, "summary": RunSummary.from_json(run["summary"])} for run in report["runs"]]

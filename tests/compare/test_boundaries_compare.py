@@ -12,6 +12,7 @@ import pytest
 
 from configs import default
 from stablemoe_jax.compare import paired, runner, sweep
+from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.experiment.config_validation import ConfigError
 
 T_975_2 = 4.302652729749464  # Student t, 2 degrees of freedom, 0.975 quantile (any t table: 4.303)
@@ -53,7 +54,7 @@ def test_reading_tests_the_bound_on_the_side_of_0(low, high, words):
 def test_paired_differences_read_each_method_against_its_baseline(differences, words):
   """Three seeds, non-zero spread: each difference is the method's perplexity minus the baseline's, seed by seed."""
   def record(method, seed, ppl):
-    return {"method": method, "seed": seed, "summary": {"valid": {"perplexity": ppl}, "test": {"perplexity": ppl}}}
+    return {"method": method, "seed": seed, "summary": RunSummary(valid={"perplexity": ppl}, test={"perplexity": ppl})}
   base = [150.0, 152.0, 149.0]
   records = [record("dense", s, p) for s, p in enumerate(base)]
   records += [record("moe", s, p + d) for s, (p, d) in enumerate(zip(base, differences))]
@@ -65,9 +66,8 @@ def test_paired_differences_read_each_method_against_its_baseline(differences, w
 
 def test_translation_runs_are_paired_on_valid_nll_and_average_bleu_by_hand():
   def record(method, seed, nll, bleu):
-    return {"method": method, "seed": seed, "summary": {
-        "valid": {"perplexity": math.exp(nll), "loss": nll}, "test": {"perplexity": 1.0},
-        "bleu": {"average": bleu}}}
+    return {"method": method, "seed": seed, "summary": RunSummary(
+        valid={"perplexity": math.exp(nll), "loss": nll}, test={"perplexity": 1.0}, bleu={"average": bleu})}
   records = [record("dense", s, nll, b) for s, (nll, b) in enumerate([(3.0, 20.0), (3.1, 19.0), (2.9, 21.0)])]
   records += [record("stablemoe", s, nll, b) for s, (nll, b) in enumerate([(2.9, 21.0), (2.98, 19.5), (2.82, 23.0)])]
   entry = paired.paired_differences(records)["stablemoe"]
@@ -84,12 +84,12 @@ def test_translation_runs_are_paired_on_valid_nll_and_average_bleu_by_hand():
   table = paired.markdown({"stablemoe": entry}, {})
   assert "valid NLL difference" in table and "| +1.17 [" in table and "| -0.100 [-0.150, -0.050] | lower |" in table
   # A pair with an LM run (no BLEU) is paired on perplexity only.
-  records.append({"method": "lm", "seed": 0, "summary": {"valid": {"perplexity": 9.0}, "test": {"perplexity": 9.0}}})
+  records.append({"method": "lm", "seed": 0, "summary": RunSummary(valid={"perplexity": 9.0}, test={"perplexity": 9.0})})
   assert "bleu" not in paired.paired_differences(records)["lm"]
 
 
 def test_a_method_whose_baseline_has_no_run_is_left_out():
-  records = [{"method": "moe", "seed": 0, "summary": {"valid": {"perplexity": 1.0}, "test": {"perplexity": 1.0}}}]
+  records = [{"method": "moe", "seed": 0, "summary": RunSummary(valid={"perplexity": 1.0}, test={"perplexity": 1.0})}]
   assert paired.paired_differences(records) == {}
   assert paired.paired_differences(records, pairs={"moe": "base"}) == {}
 
@@ -142,8 +142,8 @@ def test_a_contrast_is_each_seed_of_one_method_minus_the_other_seed_by_seed():
   beside a third method that no contrast names; a contrast whose method has no run is left out."""
   def run(method, seed, nll, bleu):
     return {"method": method, "seed": seed, "train_loss": nll + 1.0,
-            "summary": {"valid": {"perplexity": math.exp(nll), "loss": nll}, "test": {"perplexity": 1.0},
-                        "bleu": {"average": bleu}}}
+            "summary": RunSummary(valid={"perplexity": math.exp(nll), "loss": nll}, test={"perplexity": 1.0},
+                                  bleu={"average": bleu})}
   records = [run("a", 1, 2.0, 20.0), run("a", 2, 2.1, 21.0), run("a", 3, 2.2, 22.0),
              run("b", 1, 2.3, 19.0), run("b", 2, 2.5, 19.5), run("dense", 1, 9.0, 1.0), run("dense", 2, 9.0, 1.0)]
   entries = paired.contrast_differences(records, [("a", "b"), ("b", "a"), ("a", "missing")])
@@ -245,8 +245,8 @@ def test_no_choice_while_a_cell_is_unfinished():
 
 
 def test_is_alive_reads_dead_layers():
-  assert sweep.is_alive({}) and sweep.is_alive({"health": {"dead_layers": []}})
-  assert not sweep.is_alive({"health": {"dead_layers": ["moe_0"]}})
+  assert sweep.is_alive(RunSummary()) and sweep.is_alive(RunSummary(health={"dead_layers": []}))
+  assert not sweep.is_alive(RunSummary(health={"dead_layers": ["moe_0"]}))
 
 
 # --- the runner re-judges a finished run from its own log ------------------------------------------------------------
@@ -278,20 +278,20 @@ def test_an_old_summary_whose_last_window_is_degenerate_is_found_dead_by_the_run
   exported = root if where == "results_dir" else None
   summary, source, _ = runner.train_run(None, tmp_path / "work", "moe/seed0", print, "[1/1]", exported, train=False)
   assert source == root / "moe" / "seed0"
-  assert summary["health"]["dead_layers"] == ["moe_0"] and not summary["health"]["ok"]
-  assert summary["health"]["verdict"]["moe_0"]["top2_load"] == pytest.approx(0.94)
+  assert summary.health["dead_layers"] == ["moe_0"] and not summary.health["ok"]
+  assert summary.health["verdict"]["moe_0"]["top2_load"] == pytest.approx(0.94)
   assert not sweep.is_alive(summary)
-  assert summary["health"]["layers"] == _old_summary()["health"]["layers"]  # the raw measures are kept
+  assert summary.health["layers"] == _old_summary()["health"]["layers"]  # the raw measures are kept
 
 
 def test_an_old_summary_whose_last_window_is_balanced_stays_alive(tmp_path):
   _write_run(tmp_path / "moe" / "seed0", [0.2, 0.2] + [0.1] * 6)  # 40% on the two busiest
   summary, _, _ = runner.train_run(None, tmp_path, "moe/seed0", print, "[1/1]", None, train=False)
-  assert summary["health"]["dead_layers"] == [] and summary["health"]["verdict"]["moe_0"]["top2_load"] == 0.4
+  assert summary.health["dead_layers"] == [] and summary.health["verdict"]["moe_0"]["top2_load"] == 0.4
 
 
 def test_the_runner_leaves_a_summary_without_health_as_it_is(tmp_path):
-  summary = {"valid": {"perplexity": 1.0}}
+  summary = RunSummary(valid={"perplexity": 1.0})
   assert runner.judged(summary, tmp_path) is summary
 
 

@@ -12,6 +12,7 @@ from tests.conftest import REPO, share_prepared_ptb
 from stablemoe_jax.compare import figures, report, runner
 from stablemoe_jax.compare import methods as methods_lib
 from stablemoe_jax.experiment import loop
+from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.experiment.config_validation import ConfigError
 
 
@@ -68,7 +69,7 @@ def test_curves_leave_off_a_final_validation_that_scores_other_batches(tmp_path)
   records = [{"step": 4, "valid/perplexity": 30.0, "train_seconds": 10.0, "trained_tokens": 400.0},
              {"step": 8, "valid/perplexity": 20.0, "train_seconds": 20.0, "trained_tokens": 800.0},
              {"step": 10, "trained_tokens": 1000.0}]
-  summary = {"steps": 10, "train_seconds": 25.0, "valid": {"perplexity": 24.0}}
+  summary = RunSummary(steps=10, train_seconds=25.0, valid={"perplexity": 24.0})
   alike = runner.validation_curves(records, summary, tokens_per_step=100, final_measured_alike=True)
   assert alike == {"curve": [[10.0, 30.0], [20.0, 20.0], [25.0, 24.0]],
                    "token_curve": [[400.0, 30.0], [800.0, 20.0], [1000.0, 24.0]]}
@@ -80,19 +81,19 @@ def test_curves_leave_off_a_final_validation_that_scores_other_batches(tmp_path)
 
   # Which batches a run's points score: train.eval_batches against the split's batches, where the run tells them.
   config = ml_collections.ConfigDict({"train": {"eval_batches": 10}, "eval": {"max_batches": 0, "batch_size": 32}})
-  recorded = {"valid": {"tokens": 58322, "batches": 18}, "eval": {"mode": "teacher_forced_sentences"}}
+  recorded = RunSummary(valid={"tokens": 58322, "batches": 18}, eval={"mode": "teacher_forced_sentences"})
   assert runner.validation_scope(config, recorded) == (10, False)
   config.train.eval_batches = 18  # every batch of the split: the whole split, as the final scores it
   assert runner.validation_scope(config, recorded) == (0, True)
   # An LM run from before the batches were recorded: 73,759 predictions in blocks of 128 are 577 rows, 19 batches
   # of 32 rows; 20 in-training batches are all of them.
-  old_lm = {"valid": {"tokens": 73759}, "eval": {"mode": "blocks", "seq_len": 128, "stride": 128}}
+  old_lm = RunSummary(valid={"tokens": 73759}, eval={"mode": "blocks", "seq_len": 128, "stride": 128})
   assert runner.split_batches(config, old_lm) == 19
   for eval_batches, scope in ((20, 0), (19, 0), (18, 18), (0, 0)):
     config.train.eval_batches = eval_batches
     assert runner.validation_scope(config, old_lm) == (scope, scope == 0)
   # A run whose split size is not told (an old translation run) is judged by the numbers asked for.
-  untold = {"valid": {"tokens": 58322}, "eval": {"mode": "teacher_forced_sentences"}}
+  untold = RunSummary(valid={"tokens": 58322}, eval={"mode": "teacher_forced_sentences"})
   config.train.eval_batches = 20
   assert runner.split_batches(config, untold) is None and runner.validation_scope(config, untold) == (20, False)
   # A final validation of a prefix: alike only with the same prefix in training.
@@ -164,17 +165,17 @@ def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, pre
   assert [(r["method"], r["seed"]) for r in records] == [("stablemoe", 0), ("stablemoe", 1), ("dense", 0), ("dense", 1)]
   assert sum("training in" in line for line in lines) == 4 and len(lines) == 8
   killed = records[3]
-  assert killed["summary"]["train_seconds"] >= killed["curve"][0][0] > 0
+  assert killed["summary"].train_seconds >= killed["curve"][0][0] > 0
 
   # Every number in the table and the JSON comes from the runs' summaries.
   stable, dense = rows
   for row, runs in ((stable, records[:2]), (dense, records[2:])):
-    ppl = [r["summary"]["valid"]["perplexity"] for r in runs]
+    ppl = [r["summary"].valid["perplexity"] for r in runs]
     assert row["valid_ppl"] == ppl and row["valid_ppl_mean"] == pytest.approx(sum(ppl) / 2)
     assert row["valid_ppl_std"] == pytest.approx(abs(ppl[0] - ppl[1]) / 2 ** 0.5)
     # Curves: the in-training validation at step 6, then the final one (both the split's first 4 batches, as the
     # summary records them), at growing training time.
-    assert all(r["summary"]["valid"]["batches"] == 4 and r["curve_batches"] == 4 for r in runs)
+    assert all(r["summary"].valid["batches"] == 4 and r["curve_batches"] == 4 for r in runs)
     assert len(row["curve"]) == 2 and row["curve"][0][0] < row["curve"][1][0]
   assert dense["expert_params"] == 0 and stable["expert_params"] > 0
   assert stable["shared_params"] > dense["shared_params"]  # the routers

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stablemoe_jax.compare import facts_cells, report
+from stablemoe_jax.core.summary import RunSummary
 
 
 def _facts(recall: float, value_nll: float, experts: float | None, changed: float | None, kept: float | None) -> dict:
@@ -16,10 +17,8 @@ def _facts(recall: float, value_nll: float, experts: float | None, changed: floa
 
 
 def _record(method: str, seed: int, facts: dict | None) -> dict:
-  summary = {"valid": {"loss": 2.0, "perplexity": 7.4}, "test": {"loss": 2.0, "perplexity": 7.4},
-             "tokens_per_second": 100.0, "train_seconds": 60.0, "eval": {"mode": "blocks", "seq_len": 60}}
-  if facts is not None:
-    summary["facts"] = facts
+  summary = RunSummary(valid={"loss": 2.0, "perplexity": 7.4}, test={"loss": 2.0, "perplexity": 7.4},
+                       tokens_per_second=100.0, train_seconds=60.0, eval={"mode": "blocks", "seq_len": 60}, facts=facts)
   return {"method": method, "label": method.title(), "seed_index": seed, "seed": seed, "overrides": {},
           "summary": summary, "train_loss": 2.0, "curve": [[60.0, 7.4]], "fluctuation": None,
           "shared_params": 1e5, "expert_params": 0.0, "total_params": 1e5, "flops_per_token": 1e5}

@@ -10,7 +10,7 @@ import json
 import pathlib
 
 import pytest
-from tests.compare.doc_tables import markdown_rows
+from tests.compare.doc_tables import markdown_rows, typed_runs
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired
@@ -58,7 +58,7 @@ def expected_cells(report: dict, method: str) -> list[str]:
   runs = sorted((run for run in report["runs"] if run["method"] == method), key=lambda run: run["seed"])
   differences = worth = "--"
   if method != "dense":
-    test = paired.paired_differences(report["runs"])[method]["test"]
+    test = paired.paired_differences(typed_runs(report))[method]["test"]
     differences = f"{test['mean']:+.2f} [{test['low']:+.2f}, {test['high']:+.2f}]"
     worth = ", ".join(f"{least_contribution(run['summary']['health']):+.2%}" for run in runs)
   return [choice_cell(report["choices"][method]), ", ".join(str(run["seed"]) for run in runs),

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.compare.doc_tables import interval_cell, markdown_rows
+from tests.compare.doc_tables import interval_cell, markdown_rows, typed_runs
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired
@@ -19,7 +19,7 @@ HEADER = "| method (union corpus, 850 steps) | seeds |"
 
 def test_probe_table_is_the_committed_report():
   report = json.loads(REPORT.read_text())
-  pairs = paired.paired_differences(report["runs"])
+  pairs = paired.paired_differences(typed_runs(report))
   rows = markdown_rows(REPO / "docs" / "results.md", HEADER)
   assert set(rows) == {entry["label"] for entry in report["methods"]}
   for entry in report["methods"]:

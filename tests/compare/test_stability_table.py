@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from tests.compare.doc_tables import (check_report_is_committed_runs, check_rows_are_report, interval_cell,
-                                      markdown_rows, spread_cell)
+                                      markdown_rows, spread_cell, typed_runs)
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired
@@ -46,7 +46,7 @@ def expected_cells(report: dict, method: str) -> list[str]:
   """The row the committed report gives ``method`` (every cell after the label)."""
   entry = next(e for e in report["methods"] if e["method"] == method)
   runs = sorted((run for run in report["runs"] if run["method"] == method), key=lambda run: run["seed"])
-  against = paired.paired_differences(report["runs"]).get(method)
+  against = paired.paired_differences(typed_runs(report)).get(method)
   test = against["test"] if against else None
   return [choice_cell(report["choices"][method]), ", ".join(str(run["seed"]) for run in runs),
           spread_cell(entry["valid_ppl_mean"], entry["valid_ppl_std"], 2, len(runs)),

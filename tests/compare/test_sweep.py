@@ -13,6 +13,7 @@ from tests.conftest import REPO, share_prepared_ptb
 
 from stablemoe_jax.compare import report, runner, sweep, sweep_report
 from stablemoe_jax.compare.methods import method_configs, parse_method_names
+from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.core.errors import NonFiniteLossError
 from stablemoe_jax.experiment.config_validation import ConfigError
 
@@ -71,7 +72,7 @@ def fake_training(monkeypatch):
       summary["device"] = {"platform": "gpu", "kind": "NVIDIA H100 80GB HBM3", "count": 1, "processes": 1}
     (workdir / "summary.json").write_text(json.dumps(summary))
     (workdir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
-    return summary
+    return RunSummary.from_json(summary)
 
   monkeypatch.setattr(runner.loop, "train_and_evaluate", train_and_evaluate)
   monkeypatch.setattr(runner, "model_costs", lambda config, directory: {
@@ -164,7 +165,7 @@ def test_when_every_live_choice_dies_in_a_seed_the_best_of_all_is_marked(tiny_co
   assert choice["every_setting_dead"] and choice["name"] == "lr0.003_warmup4"  # the lowest valid PPL of all
   assert [r["name"] for r in choice["rejected"]] == ["lr0.003_warmup2"]
   # Its seeds are reported, dead as they are, not rejected in turn.
-  assert [(r["seed"], r["summary"]["health"]["dead_layers"]) for r in result["records"]] == [(1, ["moe_2"]),
+  assert [(r["seed"], r["summary"].health["dead_layers"]) for r in result["records"]] == [(1, ["moe_2"]),
                                                                                               (2, ["moe_2"])]
 
 
@@ -296,7 +297,7 @@ def test_shorter_selection_budget_scales_stage1_and_reports_seeds_at_full_budget
   (grid_dir, grid_steps, grid_stage1, _), (seed_dir, seed_steps, seed_stage1, _) = fake_training
   assert grid_dir.endswith("stablemoe_all/lr0.003_warmup2/steps6_seed0") and (grid_steps, grid_stage1) == (6, 2)
   assert seed_dir.endswith("stablemoe_all/lr0.003_warmup2/seed1") and (seed_steps, seed_stage1) == (12, 5)
-  assert result["records"][0]["summary"]["steps"] == 12
+  assert result["records"][0]["summary"].steps == 12
 
 
 @pytest.mark.parametrize("grid, message", [
@@ -379,11 +380,11 @@ def test_tiny_sweep_trains_for_real(tiny_config, prepared_ptb, tmp_path):
   best = min(live, key=lambda c: c["valid_ppl"])
   assert result["choices"]["stablemoe_all"]["name"] == best["setting"]["name"]
   assert [r["seed"] for r in result["records"]] == [1]  # reported: a seed the choice never saw
-  assert result["records"][0]["summary"]["valid"]["perplexity"] != best["valid_ppl"]
+  assert result["records"][0]["summary"].valid["perplexity"] != best["valid_ppl"]
   rows = sweep_report.write_sweep_reports(config, result, tmp_path)
   assert rows[0]["health"] is not None and (tmp_path / "convergence.png").exists()
   assert (tmp_path / "validation_tokens.png").read_bytes()[:4] == b"\x89PNG"
-  assert result["records"][0]["summary"]["device"] == {"platform": "cpu", "kind": "cpu", "count": 1, "processes": 1}
+  assert result["records"][0]["summary"].device == {"platform": "cpu", "kind": "cpu", "count": 1, "processes": 1}
   assert "Trained on: 1 x cpu (1 run).\n" in (tmp_path / "comparison.md").read_text()
 
 

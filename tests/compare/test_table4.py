@@ -11,7 +11,7 @@ import json
 import re
 
 from tests.compare.doc_tables import (check_report_is_committed_runs, check_rows_are_report, interval_cell,
-                                      markdown_rows, spread_cell)
+                                      markdown_rows, spread_cell, typed_runs)
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired, report as report_lib
@@ -59,7 +59,7 @@ def expected_cells(report: dict, method: str) -> list[str]:
   """The row the committed report gives ``method`` (every cell after the label)."""
   entry = next(e for e in report["methods"] if e["method"] == method)
   runs = sorted((run for run in report["runs"] if run["method"] == method), key=lambda run: run["seed"])
-  against = paired.paired_differences(report["runs"]).get(method)
+  against = paired.paired_differences(typed_runs(report)).get(method)
   moe = method not in ("dense", "dense_flops")
   return [choice_cell(report["choices"][method]), ", ".join(str(run["seed"]) for run in runs),
           spread_cell(entry["valid_loss_mean"], entry["valid_loss_std"], 3, len(runs)),
@@ -95,7 +95,7 @@ def test_contrasts_table_is_every_contrast_with_runs():
   expected = {f"{SHORT_LABELS[method]} - {SHORT_LABELS[entry['baseline']]}":
               [interval_cell(entry["train_loss"], 3), interval_cell(entry["valid_nll"], 3),
                interval_cell(entry["bleu"], 2)]
-              for method, entry in paired.contrast_differences(report["runs"], contrasts)}
+              for method, entry in paired.contrast_differences(typed_runs(report), contrasts)}
   rows = markdown_rows(RESULTS, CONTRASTS_HEADER)
   assert list(rows) == list(expected), f"docs/results.md's contrasts: {list(rows)}; the report has {list(expected)}"
   assert rows == expected

@@ -2,9 +2,12 @@
 sets (``data.eval_sets``, the multilingual LM probe's sources): per run, per method and paired against dense."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stablemoe_jax.compare import paired, report, runner
+from stablemoe_jax.core.summary import RunSummary
 
 
 def test_training_loss_is_the_mean_task_loss_of_the_last_fifth_of_the_steps():
@@ -17,10 +20,10 @@ def test_training_loss_is_the_mean_task_loss_of_the_last_fifth_of_the_steps():
 
 def _record(method: str, seed: int, train_loss: float | None, sets: dict[str, float]) -> dict:
   """A run record as far as the report and the pairing read it; ``sets``: {name: valid perplexity}."""
-  summary = {"valid": {"loss": 4.0, "perplexity": 54.6}, "test": {"loss": 4.1, "perplexity": 60.3},
-             "tokens_per_second": 100.0, "train_seconds": 60.0, "eval": {"mode": "blocks", "seq_len": 128},
-             "sets": {name: {"valid": {"perplexity": ppl}, "test": {"perplexity": ppl + 10}}
-                      for name, ppl in sets.items()}}
+  summary = RunSummary(valid={"loss": 4.0, "perplexity": 54.6}, test={"loss": 4.1, "perplexity": 60.3},
+                       tokens_per_second=100.0, train_seconds=60.0, eval={"mode": "blocks", "seq_len": 128},
+                       sets={name: {"valid": {"perplexity": ppl}, "test": {"perplexity": ppl + 10}}
+                             for name, ppl in sets.items()})
   return {"method": method, "label": method.title(), "seed_index": seed, "seed": seed, "overrides": {},
           "summary": summary, "train_loss": train_loss, "curve": [[60.0, 54.6]], "fluctuation": None,
           "shared_params": 1e6, "expert_params": 0.0, "total_params": 1e6, "flops_per_token": 1e6}
@@ -49,7 +52,7 @@ def test_training_loss_and_each_set_are_paired_with_dense_seed_by_seed():
   older = [{**r, "train_loss": None} if r["method"] == "dense" and r["seed"] == 1 else r for r in RECORDS]
   assert paired.paired_differences(older)["switch"]["train_loss"] == {
       "differences": [], "n": 0, "mean": None, "low": None, "high": None, "reading": "too few paired seeds"}
-  assert "set/ptb" not in paired.paired_differences([{**r, "summary": {**r["summary"], "sets": {}}}
+  assert "set/ptb" not in paired.paired_differences([{**r, "summary": dataclasses.replace(r["summary"], sets={})}
                                                       for r in RECORDS])["switch"]
 
 
@@ -63,7 +66,7 @@ def test_report_shows_the_training_loss_and_each_sets_perplexity_per_method():
   assert "| Dense | 105.00 / 115.00 | 42.00 / 52.00 |" in section
   assert "| Switch | 99.90 / 109.90 | 41.00 / 51.00 |" in section
   assert f"| Switch | Dense | 0, 1 | -5.10 [{-5.1 - T_975_1 * 0.1:+.2f}, {-5.1 + T_975_1 * 0.1:+.2f}] (lower) |" in section
-  assert report.sets_section(report.method_rows([{**r, "summary": {**r["summary"], "sets": {}}} for r in RECORDS]),
+  assert report.sets_section(report.method_rows([{**r, "summary": dataclasses.replace(r["summary"], sets={})} for r in RECORDS]),
                              paired.paired_differences(RECORDS)) == ""
   paired_table = report.paired_section(paired.paired_differences(RECORDS), {"switch": "Switch", "dense": "Dense"})
   assert "train loss difference [95% CI]" in paired_table and "| -0.150 [" in paired_table

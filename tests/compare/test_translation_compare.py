@@ -9,6 +9,7 @@ import pytest
 from tests.mt_fixtures import copy_shared_run, shared_run_config
 
 from stablemoe_jax.compare import report, runner, sweep_report
+from stablemoe_jax.core.summary import RunSummary
 
 PAIRS = ("de-en", "fr-en", "cs-en", "es-en")
 
@@ -22,12 +23,13 @@ def _summary(average, dead=()):
   per_pair = {pair: average + i for i, pair in enumerate(PAIRS)}
   layers = {"encoder_moe_1": {"mean_gate": 0.5, "low_gate_fraction": 0.1, "load_balance": 0.9, "max_load": 0.4,
                               "dropped_fraction": 0.0}}
-  return {"valid": {"loss": 2.0, "perplexity": 7.39}, "test": {"loss": 2.1, "perplexity": 8.17},
-          "bleu": {"per_pair": per_pair, "average": average + 1.5, "signature": "nrefs:1|case:mixed"},
-          "tokens_per_second": 100.0, "train_seconds": 60.0, "eval": {"mode": "teacher_forced_sentences"},
-          "health": {"layers": layers, "dead_layers": list(dead),
-                     "contribution": {"layers": {"encoder_moe_1": {"relative_perplexity_increase": 0.05},
-                                                 "decoder_moe_1": {"relative_perplexity_increase": average / 100}}}}}
+  return RunSummary(
+      valid={"loss": 2.0, "perplexity": 7.39}, test={"loss": 2.1, "perplexity": 8.17},
+      bleu={"per_pair": per_pair, "average": average + 1.5, "signature": "nrefs:1|case:mixed"},
+      tokens_per_second=100.0, train_seconds=60.0, eval={"mode": "teacher_forced_sentences"},
+      health={"layers": layers, "dead_layers": list(dead),
+              "contribution": {"layers": {"encoder_moe_1": {"relative_perplexity_increase": 0.05},
+                                          "decoder_moe_1": {"relative_perplexity_increase": average / 100}}}})
 
 
 def test_translation_table_has_bleu_per_pair_and_marks_dead_layers():

@@ -91,6 +91,7 @@ def test_the_per_layer_rules_table_is_the_committed_runs():
   2e-3): each row recomputed from the committed runs' summaries and metrics, paired with dense's seeds 1-3."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   from stablemoe_jax.compare import paired, runner  # pylint: disable=import-outside-toplevel
+  from stablemoe_jax.core.summary import RunSummary  # pylint: disable=import-outside-toplevel
   from stablemoe_jax.train.metrics import read_metrics  # pylint: disable=import-outside-toplevel
   from tests.compare.doc_tables import interval_cell  # pylint: disable=import-outside-toplevel
   chosen = {"StableMoE": ("stablemoe", "1e-3"), "dense": ("dense", "2e-3"), "Switch": ("switch", "1e-3"),
@@ -99,7 +100,7 @@ def test_the_per_layer_rules_table_is_the_committed_runs():
   for method, lr in chosen.values():
     for seed in (1, 2, 3):
       folder = RUNS / method / f"lr{float(lr):g}_warmup200" / f"seed{seed}"
-      records.append({"method": method, "seed": seed, "summary": json.loads((folder / "summary.json").read_text()),
+      records.append({"method": method, "seed": seed, "summary": RunSummary.load(folder / "summary.json"),
                       "train_loss": runner.training_loss(read_metrics(folder), 1000)})
   differences = paired.paired_differences(records)
 
@@ -111,8 +112,8 @@ def test_the_per_layer_rules_table_is_the_committed_runs():
   for label, (method, lr) in chosen.items():
     runs = [r for r in records if r["method"] == method]
     against = differences.get(method)
-    expected = [lr, "1, 2, 3", spread([r["summary"]["valid"]["loss"] for r in runs], 3),
-                spread([r["summary"]["bleu"]["average"] for r in runs], 2), spread([r["train_loss"] for r in runs], 3),
+    expected = [lr, "1, 2, 3", spread([r["summary"].valid["loss"] for r in runs], 3),
+                spread([r["summary"].bleu["average"] for r in runs], 2), spread([r["train_loss"] for r in runs], 3),
                 interval_cell(against["valid_nll"], 3) if against else "--",
                 interval_cell(against["bleu"], 2) if against else "--"]
     assert rows[label] == expected, (label, rows[label], expected)

@@ -140,8 +140,8 @@ def test_train_seconds_leave_out_the_pauses_and_continue_across_a_resumption(
       (s, float(s), 64.0) for s in (2, 4, 6, 8, 10, 12)]
   evaluation, = [r for r in read() if "valid/loss" in r]
   assert evaluation["step"] == 6 and evaluation["train_seconds"] == 6.0
-  assert summary["train_seconds"] == 12.0 and summary["tokens_per_second"] == 64.0
-  assert summary["train_seconds_this_run"] == 8.0 + 2000.0  # steps 5-12 and the two pauses, in the resumed run
+  assert summary.train_seconds == 12.0 and summary.tokens_per_second == 64.0
+  assert summary.train_seconds_this_run == 8.0 + 2000.0  # steps 5-12 and the two pauses, in the resumed run
 
 
 def test_a_finite_loss_with_a_nan_gradient_is_stopped_before_its_state_is_saved():

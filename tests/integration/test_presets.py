@@ -261,5 +261,5 @@ def test_automatic_groups_are_recorded_and_a_resumption_or_evaluation_on_one_dev
   assert evaluated["tokens"] == on_two["tokens"] and abs(evaluated["loss"] - on_two["loss"]) > 1e-4
 
   summary = loop.train_and_evaluate(groups_config(ptb_dir), workdir)  # resumed from step 4 on one device
-  assert summary["steps"] == 6 and summary["num_groups"] == 2
+  assert summary.steps == 6 and summary.num_groups == 2
   assert json.loads((workdir / "config.json").read_text())["model"]["moe"]["num_groups"] == 2

@@ -94,4 +94,4 @@ def test_balanced_hash_table_survives_checkpoint_and_evaluation(tiny_config, pre
   tiny_config.train.steps, tiny_config.train.stage1_steps, tiny_config.train.eval_every = 4, 2, 100
   summary = loop.train_and_evaluate(tiny_config, tmp_path)
   result = loop.evaluate_checkpoint(tiny_config, tmp_path, split="test")
-  assert result["perplexity"] == summary["test"]["perplexity"]
+  assert result["perplexity"] == summary.test["perplexity"]

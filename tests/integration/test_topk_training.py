@@ -12,7 +12,7 @@ def test_switch_top2_with_a_shared_expert_trains_end_to_end(tiny_config, prepare
   tiny_config.model.moe.shared_experts = 1
   tiny_config.train.steps, tiny_config.train.stage1_steps, tiny_config.train.eval_every = 8, 2, 100
   summary = loop.train_and_evaluate(tiny_config, tmp_path)
-  assert np.isfinite(summary["test"]["perplexity"]) and summary["health"]["guard"]["top_k"] == 2
+  assert np.isfinite(summary.test["perplexity"]) and summary.health["guard"]["top_k"] == 2
   from stablemoe_jax.train.metrics import read_metrics
   records = [r for r in read_metrics(tmp_path) if "loss" in r]
   assert records and all(np.isfinite(r["loss"]) for r in records)

@@ -136,7 +136,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, prepared
   jax.tree.map(np.testing.assert_array_equal, state_a.params, state_b.params)
   jax.tree.map(np.testing.assert_array_equal, state_a.opt_state, state_b.opt_state)
   assert data_a == data_b
-  assert resumed_summary["valid"] == full_summary["valid"] and resumed_summary["test"] == full_summary["test"]
+  assert resumed_summary.valid == full_summary.valid and resumed_summary.test == full_summary.test
   # The metrics file reads as one run: each logged step once, losses equal to the uninterrupted run's.
   read = lambda d: [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
   train_records = lambda d: [r for r in read(d) if "loss" in r]
@@ -154,14 +154,14 @@ def test_finished_inverse_sqrt_run_extends_to_more_steps_as_a_longer_run(uninter
   whole = loop.train_and_evaluate(config, tmp_path / "whole")
   short = config.copy_and_resolve_references()
   short.train.steps = 8
-  assert loop.train_and_evaluate(short, tmp_path / "extended")["steps"] == 8
+  assert loop.train_and_evaluate(short, tmp_path / "extended").steps == 8
   extended = loop.train_and_evaluate(config, tmp_path / "extended")
   (step_a, state_a, data_a), (step_b, state_b, data_b) = (_restore_final(tmp_path / d, config)
                                                           for d in ("whole", "extended"))
   assert step_a == step_b == 12
   jax.tree.map(np.testing.assert_array_equal, state_a.params, state_b.params)
   jax.tree.map(np.testing.assert_array_equal, state_a.opt_state, state_b.opt_state)
-  assert data_a == data_b and extended["valid"] == whole["valid"]
+  assert data_a == data_b and extended.valid == whole.valid
   short.train.steps = 10  # shorter than the latest checkpoint
   with pytest.raises(CheckpointMismatchError, match="at step 12, past train.steps=10"):
     loop.train_and_evaluate(short, tmp_path / "extended")
@@ -177,14 +177,14 @@ def test_finished_inverse_sqrt_run_extends_to_more_steps_as_a_longer_run(uninter
 def test_eval_mode_restores_checkpoint_and_reproduces_final_perplexity(uninterrupted):
   config, workdir, summary = uninterrupted
   result = loop.evaluate_checkpoint(config, workdir, split="test")
-  assert result["step"] == 12 and result["perplexity"] == summary["test"]["perplexity"]
+  assert result["step"] == 12 and result["perplexity"] == summary.test["perplexity"]
   # The tiny config's final evaluations score 4 batches of 64 x 16 tokens (eval.max_batches), and say so.
-  assert summary["valid"]["tokens"] == result["tokens"] == 4 * 64 * 16 and summary["eval"]["max_batches"] == 4
+  assert summary.valid["tokens"] == result["tokens"] == 4 * 64 * 16 and summary.eval["max_batches"] == 4
   whole = config.copy_and_resolve_references()
   whole.eval.max_batches = 0  # every target of PTB's valid split but its first token: 73,760 - 1
   assert loop.evaluate_checkpoint(whole, workdir)["tokens"] == 73759
   earlier = loop.evaluate_checkpoint(config, workdir, step=4)
-  assert earlier["perplexity"] > summary["valid"]["perplexity"]
+  assert earlier["perplexity"] > summary.valid["perplexity"]
   with pytest.raises(FileNotFoundError, match="available steps"):
     loop.evaluate_checkpoint(config, workdir, step=5)
 

@@ -30,7 +30,7 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
   whole = loop.train_and_evaluate(config, tmp_path / "whole")
   losses = _task_losses(tmp_path / "whole")
   assert losses[-1] < losses[0] - 0.5, losses
-  assert set(whole["pair_weights"]) == {"de-en", "fr-en", "cs-en", "es-en"}
+  assert set(whole.pair_weights) == {"de-en", "fr-en", "cs-en", "es-en"}
   # The scored tokens counted over training are the replayed batches' target tokens (eos included).
   batches = loop.Experiment(config, tmp_path / "whole").train_batches()
   per_step = [float(next(batches)["weights"].sum()) for _ in range(config.train.steps)]
@@ -38,7 +38,7 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
   assert counted[40] == sum(per_step) and counted[15] == sum(per_step[:15]) and counted[24] == sum(per_step[:24])
   # Two MoE layers: both removed at once is measured at the evaluation point and at the end, and the model judged
   # as a whole (issue 74).
-  health = whole["health"]
+  health = whole.health
   assert sorted(health["contribution"]["all_layers"]["layers"]) == ["decoder_moe_0", "encoder_moe_0"]
   assert health["model"]["judged_from"] == "all MoE layers removed at once" and "weak_in_training" in health
   assert [row["step"] for row in _rows(tmp_path / "whole") if health_lib.ALL_LAYERS_KEY in row] == [15, 30]
@@ -48,11 +48,11 @@ def test_training_lowers_the_loss_and_resumes_exactly(tmp_path):
   stopped = loop.train_and_evaluate(config, tmp_path / "resumed", stop_at_step=25)
   assert stopped == {"stopped_at_step": 25}  # killed after step 25: resumes from the checkpoint of step 24
   resumed = loop.train_and_evaluate(config, tmp_path / "resumed")
-  assert resumed["valid"] == whole["valid"] and resumed["test"] == whole["test"]
-  assert resumed["health"] == whole["health"]  # the guard rebuilt from the log, the all-layers measure included
+  assert resumed.valid == whole.valid and resumed.test == whole.test
+  assert resumed.health == whole.health  # the guard rebuilt from the log, the all-layers measure included
   assert {row["step"]: row["trained_tokens"] for row in _rows(tmp_path / "resumed") if "trained_tokens" in row} == counted
-  scores = lambda summary: {k: v for k, v in summary["bleu"].items() if k != "sentences_per_second"}
-  assert scores(resumed) == scores(whole) and set(whole["bleu"]["per_pair"]) == set(whole["pair_weights"])
+  scores = lambda summary: {k: v for k, v in summary.bleu.items() if k != "sentences_per_second"}
+  assert scores(resumed) == scores(whole) and set(whole.bleu["per_pair"]) == set(whole.pair_weights)
 
   source = tmp_path / "in.de"
   source.write_text("Ein Mann fährt Fahrrad.\n\nZwei Hunde spielen im Schnee.\n", encoding="utf-8")

@@ -391,5 +391,5 @@ def test_deepseek_trains_end_to_end_and_resumes_exactly(tiny_config, prepared_pt
   shutil.rmtree(tmp_path / "b" / "checkpoints" / "8")
   (tmp_path / "b" / "summary.json").unlink()
   resumed = loop.train_and_evaluate(tiny_config, tmp_path / "b")
-  assert np.isfinite(whole["test"]["perplexity"])
-  assert resumed["test"]["perplexity"] == whole["test"]["perplexity"]
+  assert np.isfinite(whole.test["perplexity"])
+  assert resumed.test["perplexity"] == whole.test["perplexity"]

@@ -208,9 +208,9 @@ def config(expert):
   c.model.moe.capacity_factor, c.model.moe.num_groups, c.mesh.expert = 1.0, 4, expert
   c.train.steps, c.train.stage1_steps, c.train.checkpoint_every = 8, 4, 4
   return c
-out = {{"uninterrupted": loop.train_and_evaluate(config(4), {workdir!r} + "/whole")}}
+out = {{"uninterrupted": loop.train_and_evaluate(config(4), {workdir!r} + "/whole").to_json()}}
 loop.train_and_evaluate(config(4), {workdir!r} + "/split", stop_at_step=6)  # killed after the step-4 checkpoint
-out["resumed_on_data2_expert2"] = loop.train_and_evaluate(config(2), {workdir!r} + "/split")
+out["resumed_on_data2_expert2"] = loop.train_and_evaluate(config(2), {workdir!r} + "/split").to_json()
 print("SUMMARY" + json.dumps(out))
 """
 

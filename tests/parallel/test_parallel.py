@@ -22,7 +22,7 @@ from stablemoe_jax.experiment import loop
 config = make_tiny_config({data!r})
 config.train.steps, config.train.stage1_steps, config.train.checkpoint_every = 8, 4, 8
 config.model.moe.num_groups = 2  # the same routing groups on 1 and 2 devices (2 devices need a multiple of 2)
-print("SUMMARY" + json.dumps(loop.train_and_evaluate(config, {workdir!r})))
+print("SUMMARY" + json.dumps(loop.train_and_evaluate(config, {workdir!r}).to_json()))
 """
 
 

@@ -1,5 +1,5 @@
 """Router health's rules at their edges (issue 51): each threshold on both sides, the guard's start (``after_step``,
-0 included), patience, the settings a run records and :func:`health.judge_summary` reading them back, the load
+0 included), patience, the settings a run records and :func:`health.judge_health` reading them back, the load
 re-read from the log, and the ``health`` section's config checks. Pure functions on synthetic windows: no model,
 no training (the whole file runs in about a second)."""
 from __future__ import annotations
@@ -147,58 +147,58 @@ def test_the_guard_judges_at_its_own_thresholds_and_records_them():
   assert [c.layer for c in five.observe_contribution(20, {"moe_0": 0.04})] == ["moe_0"]  # 4% < 5%
   summary = five.summary({"layers": {"moe_0": {"relative_perplexity_increase": 0.04}}})
   assert summary["guard"]["min_contribution"] == 0.05 and summary["dead_layers"] == ["moe_0"]
-  assert health.judge_summary({"health": summary})["dead_layers"] == ["moe_0"]  # read back at 5%, not 1%
+  assert health.judge_health(summary)["dead_layers"] == ["moe_0"]  # read back at 5%, not 1%
 
 
-# --- judge_summary: the recorded thresholds, the load from the log ---------------------------------------------------
+# --- judge_health: the recorded thresholds, the load from the log ---------------------------------------------------
 
-def _summary(worth: float, guard: dict | None = None, layer_values: dict | None = None) -> dict:
+def _health_section(worth: float, guard: dict | None = None, layer_values: dict | None = None) -> dict:
   section = {"layers": {"moe_0": layer_values or {"mean_gate": 0.5}},
              "contribution": {"layers": {"moe_0": {"relative_perplexity_increase": worth}}},
              "ok": True, "dead_layers": []}
   if guard is not None:
     section["guard"] = guard
-  return {"health": section}
+  return section
 
 
 @pytest.mark.parametrize("worth, dead", [(0.05, False), (0.0499, True), (0.03, True)])
-def test_judge_summary_uses_the_recorded_min_contribution(worth, dead):
+def test_judge_health_uses_the_recorded_min_contribution(worth, dead):
   """At the recorded 5%, a layer worth 3% is dead; at the default 1% it would be alive."""
-  judged = health.judge_summary(_summary(worth, {"min_contribution": 0.05, "max_top2_load": 0.9}))
+  judged = health.judge_health(_health_section(worth, {"min_contribution": 0.05, "max_top2_load": 0.9}))
   assert judged["dead_layers"] == (["moe_0"] if dead else [])
-  assert health.judge_summary(_summary(worth))["dead_layers"] == []  # no guard section: the defaults
+  assert health.judge_health(_health_section(worth))["dead_layers"] == []  # no guard section: the defaults
 
 
 @pytest.mark.parametrize("top2, dead", [(0.5, False), (0.6, True)])
-def test_judge_summary_uses_the_recorded_max_top2_load(top2, dead):
+def test_judge_health_uses_the_recorded_max_top2_load(top2, dead):
   values = {"top2_load": top2, "num_experts": 8.0}
-  judged = health.judge_summary(_summary(0.1, {"min_contribution": 0.01, "max_top2_load": 0.5}, values))
+  judged = health.judge_health(_health_section(0.1, {"min_contribution": 0.01, "max_top2_load": 0.5}, values))
   assert judged["dead_layers"] == (["moe_0"] if dead else [])
-  assert health.judge_summary(_summary(0.1, None, values))["ok"]  # 60% is healthy at the default 90%
+  assert health.judge_health(_health_section(0.1, None, values))["ok"]  # 60% is healthy at the default 90%
 
 
-def test_judge_summary_with_one_recorded_threshold_takes_the_default_for_the_other():
+def test_judge_health_with_one_recorded_threshold_takes_the_default_for_the_other():
   values = {"top2_load": 0.95, "num_experts": 8.0}
-  judged = health.judge_summary(_summary(0.03, {"min_contribution": 0.05}, values))
+  judged = health.judge_health(_health_section(0.03, {"min_contribution": 0.05}, values))
   assert judged["verdict"]["moe_0"]["reasons"][0].startswith("removing it raises")
   assert "health.max_top2_load=0.9" in judged["verdict"]["moe_0"]["reasons"][1]
 
 
-def test_judge_summary_reads_the_last_logged_load_not_an_earlier_one():
+def test_judge_health_reads_the_last_logged_load_not_an_earlier_one():
   """The log's last window with a load for every layer missing one decides; a later record without load is
   skipped, an earlier degenerate window is not the verdict."""
   records = [{"step": 800, **_window(load=ONE_EXPERT)}, {"step": 850, **_window(load=BALANCED)},
              {"step": 850, "valid/perplexity": 150.0}]
-  assert health.judge_summary(_summary(0.05), records)["ok"]
+  assert health.judge_health(_health_section(0.05), records)["ok"]
   records = [{"step": 800, **_window(load=BALANCED)}, {"step": 850, **_window(load=ONE_EXPERT)},
              {"step": 850, "valid/perplexity": 150.0}]
-  judged = health.judge_summary(_summary(0.05), records)
+  judged = health.judge_health(_health_section(0.05), records)
   assert judged["dead_layers"] == ["moe_0"] and judged["verdict"]["moe_0"]["top2_load"] == pytest.approx(0.94)
 
 
 def test_a_logged_load_does_not_replace_the_one_a_summary_recorded():
   values = {"top2_load": 0.3, "num_experts": 8.0}
-  assert health.judge_summary(_summary(0.05, None, values), [{"step": 850, **_window(load=ONE_EXPERT)}])["ok"]
+  assert health.judge_health(_health_section(0.05, None, values), [{"step": 850, **_window(load=ONE_EXPERT)}])["ok"]
 
 
 # --- the health section's config checks, both sides ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from tests.conftest import jit_init
 
 from configs import default
 from stablemoe_jax.core.settings import HealthSettings
+from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.analysis import cohesion, contribution
 from stablemoe_jax.compare import report
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
@@ -287,10 +288,8 @@ def test_bad_health_settings_name_the_key_and_the_fix(key, value, message):
 # --- the comparison -------------------------------------------------------------------------------------------------
 
 def _record(method, label, seed, health_section):
-  summary = {"valid": {"perplexity": 100.0}, "test": {"perplexity": 110.0}, "tokens_per_second": 1.0,
-             "train_seconds": 60.0, "distill_agreement_at_boundary": None}
-  if health_section is not None:
-    summary["health"] = health_section
+  summary = RunSummary(valid={"perplexity": 100.0}, test={"perplexity": 110.0}, tokens_per_second=1.0,
+                       train_seconds=60.0, distill_agreement_at_boundary=None, health=health_section)
   return {"method": method, "label": label, "seed": seed, "overrides": {}, "summary": summary,
           "curve": [[60.0, 100.0]], "fluctuation": None, "shared_params": 1, "expert_params": 1, "total_params": 2,
           "flops_per_token": 1}
@@ -343,7 +342,7 @@ def test_no_committed_run_whose_layer_is_worth_3_percent_is_dead():
     layers = ((summary.get("health") or {}).get("contribution") or {}).get("layers") or {}
     if layers:
       worth = min(v["relative_perplexity_increase"] for v in layers.values())
-      judged.append((worth, health.judge_summary(summary, read_metrics(path.parent))["ok"]))
+      judged.append((worth, health.judge_health(summary.get("health"), read_metrics(path.parent))["ok"]))
   assert len(judged) >= 80
   assert all(alive for worth, alive in judged if worth >= 0.03)
   assert not any(alive for worth, alive in judged if worth < 0.005)
@@ -362,9 +361,9 @@ def test_every_committed_summary_stores_the_verdict_the_reports_make():
   paths = sorted(root.rglob("summary.json"))
   assert len(paths) >= 147
   for path in paths:
-    summary = json.loads(path.read_text())
-    stored = summary["health"]
-    assert runner.judged(summary, path.parent)["health"] == stored, path
+    summary = RunSummary.load(path)
+    stored = summary.health
+    assert runner.judged(summary, path.parent).health == stored, path
     minimum = (stored.get("guard") or {}).get("min_contribution", 0.01)
     records = read_metrics(path.parent)
     dead = []

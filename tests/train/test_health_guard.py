@@ -109,23 +109,23 @@ def test_a_sparse_gate_that_does_work_is_alive():
   # Its committed summary, judged again (its own "dead_layers" came from the old rule).
   old = {"health": {"ok": False, "dead_layers": ["moe_0"], "layers": {"moe_0": {"mean_gate": 0.37}},
                     "contribution": contribution_section}}
-  assert health.judge_summary(old, [{"step": 850, **window}]) == {
+  assert health.judge_health(old["health"], [{"step": 850, **window}]) == {
       "ok": True, "dead_layers": [], "verdict": {"moe_0": {"dead": False, "reasons": [], "contribution": 0.0531,
                                                           "top2_load": 0.25}}}
 
 
-def test_judge_summary_on_the_thresholds_and_with_the_load_from_the_log():
+def test_judge_health_on_the_thresholds_and_with_the_load_from_the_log():
   def summary(worth):
-    return {"health": {"layers": {"moe_0": {"mean_gate": 0.5}},
-                       "contribution": {"layers": {"moe_0": {"relative_perplexity_increase": worth}}}}}
-  assert health.judge_summary(summary(0.01))["ok"]  # on the threshold: alive
-  assert health.judge_summary(summary(0.0099))["dead_layers"] == ["moe_0"]
-  degenerate = health.judge_summary(summary(0.05), [{"step": 850, **_window(load=ONE_EXPERT)},
+    return {"layers": {"moe_0": {"mean_gate": 0.5}},
+            "contribution": {"layers": {"moe_0": {"relative_perplexity_increase": worth}}}}
+  assert health.judge_health(summary(0.01))["ok"]  # on the threshold: alive
+  assert health.judge_health(summary(0.0099))["dead_layers"] == ["moe_0"]
+  degenerate = health.judge_health(summary(0.05), [{"step": 850, **_window(load=ONE_EXPERT)},
                                                     {"step": 850, "valid/perplexity": 150.0}])
   assert degenerate["dead_layers"] == ["moe_0"] and "degenerate routing" in degenerate["verdict"]["moe_0"]["reasons"][0]
-  two_experts = health.judge_summary(summary(0.05), [{"step": 850, **_window(load=[0.99, 0.01])}])
+  two_experts = health.judge_health(summary(0.05), [{"step": 850, **_window(load=[0.99, 0.01])}])
   assert two_experts["ok"]  # with 2 experts the rule says nothing
-  assert health.judge_summary({"valid": {}}) == {"ok": True, "dead_layers": [], "verdict": {}}  # no health section
+  assert health.judge_health(None) == {"ok": True, "dead_layers": [], "verdict": {}}  # no health section
 
 
 def test_guard_waits_for_patience_and_the_end_of_the_warmup():

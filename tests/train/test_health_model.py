@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from configs import default
+from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.analysis import contribution
 from stablemoe_jax.compare import report
 from stablemoe_jax.experiment import actions
@@ -147,8 +148,8 @@ def test_all_layers_measure_removes_every_layer_at_once():
 # --- the report's mark ----------------------------------------------------------------------------------------------
 
 def _record(method, label, seed, section):
-  summary = {"valid": {"perplexity": 10.0}, "test": {"perplexity": 11.0}, "tokens_per_second": 1.0,
-             "train_seconds": 60.0, "distill_agreement_at_boundary": None, "health": section}
+  summary = RunSummary(valid={"perplexity": 10.0}, test={"perplexity": 11.0}, tokens_per_second=1.0,
+                       train_seconds=60.0, distill_agreement_at_boundary=None, health=section)
   return {"method": method, "label": label, "seed": seed, "overrides": {}, "summary": summary,
           "curve": [[60.0, 10.0]], "fluctuation": None, "shared_params": 1, "expert_params": 1, "total_params": 2,
           "flops_per_token": 1}
@@ -173,8 +174,8 @@ def test_the_report_marks_a_weak_layer_and_a_dead_model(tmp_path):
 def test_the_sweeps_log_line_names_a_weak_layer():
   from stablemoe_jax.compare import runner  # pylint: disable=import-outside-toplevel
   lines = []
-  summary = {"valid": {"perplexity": 10.0}, "test": {"perplexity": 11.0}, "health": _health(0.0077, 0.151)}
+  summary = RunSummary(valid={"perplexity": 10.0}, test={"perplexity": 11.0}, health=_health(0.0077, 0.151))
   runner.log_result(lambda text, flush: lines.append(text), "[3/30] stablemoe seed 1", "finished", summary)
   runner.log_result(lambda text, flush: lines.append(text), "[4/30] hash seed 1", "finished",
-                    {**summary, "health": _health(0.07, 0.3)})
+                    summary.with_health(_health(0.07, 0.3)))
   assert lines[0].endswith("; weak layer: encoder_moe_0 (the model is alive)") and "weak" not in lines[1]

@@ -232,8 +232,8 @@ def test_files_config_prepare_then_train(prepared):
   summary = loop.train_and_evaluate(config, workdir)
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "task_loss" in r][-1] == 6
-  assert set(summary["pair_weights"]) == {"de-en", "fr-en"}
+  assert set(summary.pair_weights) == {"de-en", "fr-en"}
   data = data_lib.load_translation_data(config.data, prepared_dir)
   fitting = {p: len(data.sets[p]["train"].fitting(config.train.seq_len)) for p in data.pairs}
-  assert summary["pair_weights"]["de-en"] == pytest.approx(fitting["de-en"] / sum(fitting.values()))
-  assert set(summary["bleu"]["sets"]) == {"de-en", "fr-en"} and set(summary["bleu"]["sets"]["de-en"]) == {"test"}
+  assert summary.pair_weights["de-en"] == pytest.approx(fitting["de-en"] / sum(fitting.values()))
+  assert set(summary.bleu["sets"]) == {"de-en", "fr-en"} and set(summary.bleu["sets"]["de-en"]) == {"test"}

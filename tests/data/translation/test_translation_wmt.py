@@ -211,7 +211,7 @@ def test_wmt_prepare_then_train_and_translate(prepared_wmt):
   config.train.log_every, config.train.eval_every, config.train.checkpoint_every = 2, 1000, 1000
   config.eval.max_sentences = 4
   summary = loop.train_and_evaluate(config, root / "work")
-  assert set(summary["pair_weights"]) == {"de-en", "fr-en"}
-  assert summary["pair_weights"]["de-en"] > summary["pair_weights"]["fr-en"]  # 261 pairs against 200
-  assert set(summary["bleu"]["sets"]) == {"fr-en"} and set(summary["bleu"]["sets"]["fr-en"]) == {
+  assert set(summary.pair_weights) == {"de-en", "fr-en"}
+  assert summary.pair_weights["de-en"] > summary.pair_weights["fr-en"]  # 261 pairs against 200
+  assert set(summary.bleu["sets"]) == {"fr-en"} and set(summary.bleu["sets"]["fr-en"]) == {
       "test", "newstest_extra"}

@@ -16,6 +16,7 @@ import numpy as np
 
 from stablemoe_jax.analysis.report import global_inputs
 from stablemoe_jax.analysis.routes import analysis_model, choice_sets_differ, make_split_router, sorted_layers
+from stablemoe_jax.core.run_view import RunView
 from stablemoe_jax.models.deepseek_router import split_bias
 
 
@@ -39,7 +40,7 @@ class OverriddenCounts:
             "set_changed_fraction": ratio(self.set_changed)}
 
 
-def bias_overridden_tokens(exp, params, split: str = "valid", max_batches: int = 20) -> dict[str, dict]:
+def bias_overridden_tokens(run: RunView, params, split: str = "valid", max_batches: int = 20) -> dict[str, dict]:
   """{layer: ``OverriddenCounts.summary()`` + ``bias`` [N] and ``bias_spread`` (its max - min)} over the first
   ``max_batches`` evaluation batches (<= 0: all) of ``split``; layers in model order. Raises ValueError when no
   MoE layer has a bias."""
@@ -47,15 +48,15 @@ def bias_overridden_tokens(exp, params, split: str = "valid", max_batches: int =
   if not biases:
     raise ValueError("no MoE layer of this run has a balancing bias (a router parameter `expert_bias`, as "
                      "--config.model.moe.router=deepseek has): there is nothing for this analysis to measure.")
-  route = jax.jit(make_split_router(analysis_model(exp.task, exp.config.model)))
+  route = jax.jit(make_split_router(analysis_model(run.task, run.config.model)))
   counts: dict[str, OverriddenCounts] = {}
-  for index, batch in enumerate(exp.task.eval_batches(exp.data, exp.config, split)):
+  for index, batch in enumerate(run.task.eval_batches(run.data, run.config, split)):
     if 0 < max_batches <= index:
       break
-    inputs = global_inputs(exp, batch)
+    inputs = global_inputs(run, batch)
     biased, unbiased = jax.device_get((route(params, inputs), route(unbiased_params, inputs)))
     for layer in biases:
-      _, mask = exp.task.routing_tokens(layer, batch)
+      _, mask = run.task.routing_tokens(layer, batch)
       counts.setdefault(layer, OverriddenCounts()).add(
           np.asarray(biased[layer][0]), np.asarray(unbiased[layer][0]), np.asarray(mask, bool).reshape(-1))
   biases = {layer: np.asarray(jax.device_get(bias), np.float64) for layer, bias in biases.items()}

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablemoe_jax.analysis.routes import sorted_layers
-from stablemoe_jax.core.settings import HealthSettings, typed
+from stablemoe_jax.core.run_view import RunView
 
 ZEROED = ("w_out", "b_out")  # the expert parameters that make every residual sublayer the identity
 SHARED_EXPERTS = "shared_experts"  # a MoE layer's always-on experts (models/moe.py), apart from the routed "experts"
@@ -120,9 +120,9 @@ def layer_contributions(evaluate, params: dict, max_batches: int = 0, full: dict
   return result
 
 
-def experiment_contributions(exp, params: dict, split: str = "valid") -> dict:
+def experiment_contributions(run: RunView, params: dict, split: str = "valid") -> dict:
   """:func:`layer_contributions` of a run on ``split``'s first ``health.contribution_batches`` batches, the whole
   layer's worth included where a layer has shared experts."""
-  max_batches = int(typed(HealthSettings, exp.config.health if "health" in exp.config else None).contribution_batches)
-  result = layer_contributions(lambda p, n: exp.evaluate(p, split, n), params, max_batches, whole_layer=True)
+  max_batches = int(run.settings.health.contribution_batches)
+  result = layer_contributions(lambda p, n: run.evaluate(p, split, n), params, max_batches, whole_layer=True)
   return {"split": split, **result}

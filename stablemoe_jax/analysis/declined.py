@@ -20,6 +20,7 @@ import numpy as np
 
 from stablemoe_jax.analysis.report import global_inputs
 from stablemoe_jax.analysis.routes import analysis_model, choice_sets_differ, make_declining_router, sorted_layers
+from stablemoe_jax.core.run_view import RunView
 from stablemoe_jax.models.routing import LOW_GATE
 
 
@@ -57,19 +58,19 @@ class DeclinedCounts:
             "mean_gate_own": ratio(self.gate_sum_own, own)}
 
 
-def declined_tokens(exp, params, split: str = "valid", max_batches: int = 20) -> dict[str, dict]:
+def declined_tokens(run: RunView, params, split: str = "valid", max_batches: int = 20) -> dict[str, dict]:
   """{layer: DeclinedCounts.summary()} over the first ``max_batches`` batches (<= 0: all) of ``split``, in batches
   of the training shape; layers in model order."""
-  cfg = ml_collections.ConfigDict(exp.config.to_dict())
+  cfg = ml_collections.ConfigDict(run.config.to_dict())
   cfg.eval.batch_size, cfg.eval.seq_len = cfg.train.batch_size, cfg.train.seq_len
-  route = jax.jit(make_declining_router(analysis_model(exp.task, cfg.model)))
+  route = jax.jit(make_declining_router(analysis_model(run.task, cfg.model)))
   counts: dict[str, DeclinedCounts] = {}
-  for index, batch in enumerate(exp.task.eval_batches(exp.data, cfg, split)):
+  for index, batch in enumerate(run.task.eval_batches(run.data, cfg, split)):
     if 0 < max_batches <= index:
       break
-    train_choices, gate, inference_choices = jax.device_get(route(params, global_inputs(exp, batch)))
+    train_choices, gate, inference_choices = jax.device_get(route(params, global_inputs(run, batch)))
     for layer in train_choices:
-      _, mask = exp.task.routing_tokens(layer, batch)
+      _, mask = run.task.routing_tokens(layer, batch)
       counts.setdefault(layer, DeclinedCounts()).add(
           np.asarray(train_choices[layer]), np.asarray(gate[layer], np.float32), np.asarray(inference_choices[layer]),
           np.asarray(mask, bool).reshape(-1))

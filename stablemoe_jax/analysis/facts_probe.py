@@ -28,6 +28,7 @@ import numpy as np
 from stablemoe_jax.analysis import forgetting
 from stablemoe_jax.analysis.cohesion import load_balance
 from stablemoe_jax.analysis.routes import analysis_model, sorted_layers, sown_choices
+from stablemoe_jax.core.run_view import RunView
 from stablemoe_jax.models.routing import ROUTING
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
@@ -79,30 +80,30 @@ class FactsProbe:
   resumed run measures them again, identically). Every process makes the same calls; only the chief writes.
 
   Args:
-    exp: the run's ``loop.Experiment`` (its data a ``facts.FactsData``; otherwise the probe is disabled).
+    run: the run (its data a ``facts.FactsData``; otherwise the probe is disabled).
     start_step: the step the run starts (or resumes) from.
   """
 
-  def __init__(self, exp, start_step: int):
-    self.enabled = hasattr(exp.data, "value_positions")
+  def __init__(self, run: RunView, start_step: int):
+    self.enabled = hasattr(run.data, "value_positions")
     if not self.enabled:
       return
-    cfg = exp.config
+    cfg = run.config
     self._steps, self._stage1_steps = cfg.train.steps, cfg.train.stage1_steps
     self._num_experts = cfg.model.moe.num_experts
-    self._directory = facts_dir(exp.workdir)
+    self._directory = facts_dir(run.workdir)
     self._is_chief = jax.process_index() == 0
-    self._mesh = exp.mesh
+    self._mesh = run.mesh
     batch_size, seq_len = cfg.eval.batch_size, cfg.eval.seq_len
-    self._batches = list(exp.data.eval_batches(SPLIT, batch_size, seq_len))
-    self._lines, self._positions = exp.data.value_positions(SPLIT, batch_size, seq_len)
+    self._batches = list(run.data.eval_batches(SPLIT, batch_size, seq_len))
+    self._lines, self._positions = run.data.value_positions(SPLIT, batch_size, seq_len)
     self._targets = np.concatenate([b["targets"] for b in self._batches]).ravel()
     self._real = np.concatenate([b["weights"] for b in self._batches]).ravel() > 0
-    measure = make_fact_measure(exp.model, analysis_model(exp.task, cfg.model), cfg.train.stage1_steps >= cfg.train.steps,
+    measure = make_fact_measure(run.model, analysis_model(run.task, cfg.model), cfg.train.stage1_steps >= cfg.train.steps,
                                 cfg.seed)
-    self._measure = mesh_lib.under_mesh(exp.mesh, jax.jit(
-        measure, in_shardings=(exp.state_shardings.params, *[sharding_lib.batch_sharding(exp.mesh)] * 2, None),
-        out_shardings=sharding_lib.replicated(exp.mesh)))
+    self._measure = mesh_lib.under_mesh(run.mesh, jax.jit(
+        measure, in_shardings=(run.param_shardings, *[sharding_lib.batch_sharding(run.mesh)] * 2, None),
+        out_shardings=sharding_lib.replicated(run.mesh)))
     if self._is_chief:
       self._directory.mkdir(parents=True, exist_ok=True)
       for step in point_steps(self._directory):

@@ -8,6 +8,7 @@ from stablemoe_jax.analysis import records as records_lib
 from stablemoe_jax.analysis.report import global_inputs, write_report
 from stablemoe_jax.analysis.routes import analysis_model, make_sample_router, stack_layers
 from stablemoe_jax.core.errors import require
+from stablemoe_jax.core.run_view import RunView
 from stablemoe_jax.models.transformer import has_moe_layers
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
@@ -23,30 +24,30 @@ class RoutingRecorder:
   calls (the routing pass is a collective); only the chief writes.
 
   Args:
-    exp: the run's ``loop.Experiment``.
+    run: the run's config, folder, task, data, mesh and parameter shardings.
     start_step: the step the run starts (or resumes) from.
   """
 
-  def __init__(self, exp, start_step: int):
-    cfg = exp.config
-    self._exp = exp
+  def __init__(self, run: RunView, start_step: int):
+    cfg = run.config
+    self._run = run
     self._every = cfg.analysis.record_every
     self._steps, self._stage1_steps = cfg.train.steps, cfg.train.stage1_steps
     self._num_experts = cfg.model.moe.num_experts
     self.enabled = has_moe_layers(cfg.model) and self._every > 0
-    self._directory = records_lib.records_dir(exp.workdir)
+    self._directory = records_lib.records_dir(run.workdir)
     self._is_chief = jax.process_index() == 0
     self._meta_written = False
     if not self.enabled:
       return
-    check_devices(cfg, exp.mesh.size)  # made before anything is prepared too (config_validation); kept for callers
+    check_devices(cfg, run.mesh.size)  # made before anything is prepared too (config_validation); kept for callers
     rows = cfg.analysis.sample_tokens // cfg.train.seq_len
-    self._sample = exp.task.routing_sample(exp.data, cfg, rows)  # numpy [R, S] entries, the same on every process
-    self._inputs = global_inputs(exp, self._sample)
-    self._route = mesh_lib.under_mesh(exp.mesh, jax.jit(
-        make_sample_router(analysis_model(exp.task, cfg.model), cfg.seed, choices=True), static_argnums=2,
-        in_shardings=(exp.state_shardings.params, sharding_lib.batch_sharding(exp.mesh)),
-        out_shardings=sharding_lib.replicated(exp.mesh)))
+    self._sample = run.task.routing_sample(run.data, cfg, rows)  # numpy [R, S] entries, the same on every process
+    self._inputs = global_inputs(run, self._sample)
+    self._route = mesh_lib.under_mesh(run.mesh, jax.jit(
+        make_sample_router(analysis_model(run.task, cfg.model), cfg.seed, choices=True), static_argnums=2,
+        in_shardings=(run.param_shardings, sharding_lib.batch_sharding(run.mesh)),
+        out_shardings=sharding_lib.replicated(run.mesh)))
     if self._is_chief:
       records_lib.drop_records_after(self._directory, start_step)
 
@@ -61,10 +62,10 @@ class RoutingRecorder:
     if not self._is_chief:
       return
     if not self._meta_written:
-      tokens, masks = zip(*(self._exp.task.routing_tokens(layer, self._sample) for layer in layers))
+      tokens, masks = zip(*(self._run.task.routing_tokens(layer, self._sample) for layer in layers))
       meta = {"layers": layers, "num_experts": self._num_experts, "steps": self._steps,
               "stage1_steps": self._stage1_steps, "record_every": self._every,
-              "router": self._exp.config.model.moe.router, "sample_shape": list(tokens[0].shape)}
+              "router": self._run.config.model.moe.router, "sample_shape": list(tokens[0].shape)}
       records_lib.write_meta(self._directory, meta, np.stack([t.reshape(-1) for t in tokens]),
                              np.stack([m.reshape(-1) for m in masks]))
       self._meta_written = True
@@ -77,10 +78,10 @@ class RoutingRecorder:
 
   def finish(self, state, step: int) -> dict | None:
     """At the end of training: the cohesion, load and fluctuation files of the final state (analysis.report_at_end)."""
-    cfg = self._exp.config
+    cfg = self._run.config
     if not (has_moe_layers(cfg.model) and cfg.analysis.report_at_end):
       return None
-    return write_report(self._exp, state.params, "valid", step)
+    return write_report(self._run, state.params, "valid", step)
 
 
 def check_config(config) -> None:

@@ -18,28 +18,29 @@ import jax
 from stablemoe_jax.analysis import cohesion, fluctuation, plot
 from stablemoe_jax.analysis.records import ROUTINGS, RecordsNotFoundError, load_records
 from stablemoe_jax.analysis.routes import analysis_model, make_split_router, sorted_layers
+from stablemoe_jax.core.run_view import RunView
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
 
 
-def global_inputs(exp, batch: dict) -> tuple[jax.Array, ...]:
+def global_inputs(run: RunView, batch: dict) -> tuple[jax.Array, ...]:
   """The model's inputs (``task.model_inputs``) of a batch every process holds whole, as global arrays."""
-  return exp.task.model_inputs(mesh_lib.to_global(mesh_lib.local_rows(batch), exp.mesh))
+  return run.task.model_inputs(mesh_lib.to_global(mesh_lib.local_rows(batch), run.mesh))
 
 
-def split_routing_counts(exp, params, split: str) -> dict[str, cohesion.RoutingCounts]:
+def split_routing_counts(run: RunView, params, split: str) -> dict[str, cohesion.RoutingCounts]:
   """Routes every token of ``split`` with the inference routing; {layer: counts} in model order."""
-  cfg = exp.config
-  route = mesh_lib.under_mesh(exp.mesh, jax.jit(
-      make_split_router(analysis_model(exp.task, cfg.model)),
-      in_shardings=(exp.state_shardings.params, sharding_lib.batch_sharding(exp.mesh)),
-      out_shardings=sharding_lib.replicated(exp.mesh)))
+  cfg = run.config
+  route = mesh_lib.under_mesh(run.mesh, jax.jit(
+      make_split_router(analysis_model(run.task, cfg.model)),
+      in_shardings=(run.param_shardings, sharding_lib.batch_sharding(run.mesh)),
+      out_shardings=sharding_lib.replicated(run.mesh)))
   counts: dict[str, cohesion.RoutingCounts] = {}
-  for batch in exp.task.eval_batches(exp.data, cfg, split):
-    routed = jax.device_get(route(params, global_inputs(exp, batch)))
+  for batch in run.task.eval_batches(run.data, cfg, split):
+    routed = jax.device_get(route(params, global_inputs(run, batch)))
     for layer, (expert_index, gate) in routed.items():
       layer_counts = counts.setdefault(layer, cohesion.RoutingCounts(cfg.model.moe.num_experts, cfg.model.vocab_size))
-      token_ids, mask = exp.task.routing_tokens(layer, batch)
+      token_ids, mask = run.task.routing_tokens(layer, batch)
       layer_counts.add(token_ids, expert_index, gate, mask=mask)
   if not counts:
     raise ValueError("the model has no MoE layer to analyse (model.moe.enabled is False).")
@@ -62,16 +63,16 @@ def fluctuation_report(workdir: pathlib.Path, out_dir: pathlib.Path) -> dict | N
   return summary
 
 
-def write_report(exp, params, split: str, step: int) -> dict:
+def write_report(run: RunView, params, split: str, step: int) -> dict:
   """Computes the analysis of ``params`` (the checkpoint of ``step``) and, on the chief, writes its files.
 
   Every process must call it (the routing pass is a collective). Returns a short summary.
   """
-  counts = split_routing_counts(exp, params, split)
-  top = {layer: c.top_tokens(exp.config.analysis.top_tokens, exp.data.tokenizer.id_to_token)
+  counts = split_routing_counts(run, params, split)
+  top = {layer: c.top_tokens(run.config.analysis.top_tokens, run.data.tokenizer.id_to_token)
          for layer, c in counts.items()}
   load = {layer: c.load_stats() for layer, c in counts.items()}
-  out_dir = exp.workdir / "analysis"
+  out_dir = run.workdir / "analysis"
   result = {"step": step, "split": split, "analysis_dir": str(out_dir),
             "load_entropy": {layer: stats["load_entropy"] for layer, stats in load.items()},
             "health": {layer: {name: stats[name] for name in ("mean_gate", "low_gate_fraction", "load_balance",
@@ -84,7 +85,7 @@ def write_report(exp, params, split: str, step: int) -> dict:
   (out_dir / f"cohesion_{stem}.md").write_text(
       f"# Most frequent {split} tokens per expert, step {step} (inference routing)\n\n" + cohesion.markdown_table(top))
   (out_dir / f"load_{stem}.json").write_text(json.dumps(load, indent=2))
-  summary = fluctuation_report(exp.workdir, out_dir)
+  summary = fluctuation_report(run.workdir, out_dir)
   if summary is not None:
     result["fluctuation"] = {routing: summary[routing]["all_layers"] for routing in ROUTINGS}
   return result

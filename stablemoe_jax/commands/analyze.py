@@ -28,8 +28,8 @@ def analyze_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathlib
   exp = loop.Experiment(config, workdir)
   try:
     step, state = exp.restore_for_evaluation(step)
-    result = write_report(exp, state.params, split, step)
-    contribution = experiment_contributions(exp, state.params, split)
+    result = write_report(exp.view(), state.params, split, step)
+    contribution = experiment_contributions(exp.view(), state.params, split)
     if jax.process_index() == 0:
       path = pathlib.Path(result["analysis_dir"]) / f"contribution_{split}_step{step}.json"
       path.write_text(json.dumps(contribution, indent=2))

@@ -17,9 +17,9 @@ def main(argv: list[str] | None = None) -> dict:
   parser = parser_for(__doc__, "evaluation batches")
   args = parser.parse_args(argv)
 
-  def measure(exp, params):
+  def measure(run, params):
     try:
-      return bias_overridden_tokens(exp, params, args.split, args.batches)
+      return bias_overridden_tokens(run, params, args.split, args.batches)
     except ValueError as error:  # a run without a bias: a wrong RUN_DIR, said as a usage error
       parser.error(str(error))
 

@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> dict:
   parser = parser_for(__doc__, "batches of the training shape")
   args = parser.parse_args(argv)
   result, out = analyse_checkpoint(parser, args, "declined",
-                                   lambda exp, params: declined_tokens(exp, params, args.split, args.batches))
+                                   lambda run, params: declined_tokens(run, params, args.split, args.batches))
   for layer, s in result["layers"].items():
     print(f"{layer}: {s['tokens']} tokens; forced off the inference expert {percent(s['forced_fraction'])}; "
           f"gates < {LOW_GATE}: {percent(s['low_gate_fraction'])}, of which forced "

@@ -9,6 +9,7 @@ from typing import Callable
 
 import ml_collections
 
+from stablemoe_jax.core.run_view import RunView
 from stablemoe_jax.experiment import loop
 
 
@@ -24,9 +25,9 @@ def parser_for(doc: str, batches: str) -> argparse.ArgumentParser:
 
 
 def analyse_checkpoint(parser: argparse.ArgumentParser, args: argparse.Namespace, name: str,
-                       measure: Callable[[loop.Experiment, dict], dict]) -> tuple[dict, pathlib.Path]:
+                       measure: Callable[[RunView, dict], dict]) -> tuple[dict, pathlib.Path]:
   """Restores ``args.run_dir``'s checkpoint at ``args.step`` (None: the latest), measures it with
-  ``measure(experiment, params) -> {layer: ...}`` and writes ``{"step", "split", "layers"}`` to
+  ``measure(run, params) -> {layer: ...}`` (``run``: the run's ``RunView``) and writes ``{"step", "split", "layers"}`` to
   ``RUN_DIR/analysis/{name}_{split}_step{N}.json``; (result, its path). A folder that is not a run, or a missing
   checkpoint, is a parser error (exit 2)."""
   config_path = args.run_dir / "config.json"
@@ -41,7 +42,7 @@ def analyse_checkpoint(parser: argparse.ArgumentParser, args: argparse.Namespace
   exp = loop.Experiment(config, args.run_dir)
   try:
     step, state = exp.restore_for_evaluation(args.step)
-    result = {"step": step, "split": args.split, "layers": measure(exp, state.params)}
+    result = {"step": step, "split": args.split, "layers": measure(exp.view(), state.params)}
   finally:
     exp.checkpointer.close()
   out = args.run_dir / "analysis" / f"{name}_{args.split}_step{step}.json"

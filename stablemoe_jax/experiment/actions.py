@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -21,6 +21,7 @@ from stablemoe_jax.analysis.contribution import layer_contributions
 from stablemoe_jax.core.errors import CollapseError, NonFiniteLossError
 from stablemoe_jax.experiment.clock import TrainClock
 from stablemoe_jax.train import health as health_lib
+from stablemoe_jax.train.checkpoint import Checkpointer
 from stablemoe_jax.train.metrics import MetricWriter
 from stablemoe_jax.train.state import TrainState
 
@@ -81,8 +82,13 @@ class Window:
 class RunRecord:
   """What the actions share. ``writer`` is None off the chief process; ``trained_tokens``: the scored training
   tokens (the loss's weights: translation's real target tokens) up to the last logged window, summed over the
-  runs this one resumes; ``last_checkpoint``: the step of the last checkpoint saved or resumed from (None: none)."""
-  exp: Any  # the run's loop.Experiment
+  runs this one resumes; ``last_checkpoint``: the step of the last checkpoint saved or resumed from (None: none);
+  ``evaluate(params, split, max_batches)`` and ``routing_agreement(params, split, max_batches)``: the run's
+  (``loop.Experiment``'s); ``eval_batches``: the in-training evaluations' batches (``train.eval_batches``)."""
+  evaluate: Callable[[Any, str, int], dict]
+  routing_agreement: Callable[[Any, str, int], float | None]
+  eval_batches: int
+  checkpointer: Checkpointer | None
   writer: MetricWriter | None
   progress: tqdm.tqdm
   guard: health_lib.CollapseGuard
@@ -157,8 +163,7 @@ def log_window(run: RunRecord, step: int) -> None:
 def end_stage1(run: RunRecord, step: int, params) -> None:
   """The stage-1 boundary: logs how often the distilled router agrees with the learned routing on the first
   ``train.eval_batches`` validation batches (nothing for a model without a distilled router)."""
-  exp = run.exp
-  agreement = exp.routing_agreement(params, "valid", exp.config.train.eval_batches)
+  agreement = run.routing_agreement(params, "valid", run.eval_batches)
   if run.writer and agreement is not None:
     run.writer.write(step, {"distill_agreement_at_boundary": agreement})
     run.progress.write(f"step {step} (end of stage 1): distilled router agrees with the learned routing on "
@@ -169,10 +174,9 @@ def evaluate_and_judge(run: RunRecord, step: int, params) -> None:
   """Validation loss and perplexity on the first ``train.eval_batches`` batches, and what each MoE layer is worth
   on the same batches (the health verdict's contribution rule), logged with the training seconds and the scored
   tokens to this step; the guard then judges the contributions."""
-  exp = run.exp
-  eval_batches = exp.config.train.eval_batches
-  valid = exp.evaluate(params, "valid", eval_batches)
-  measured = layer_contributions(lambda p, n: exp.evaluate(p, "valid", n), params, eval_batches, full=valid)
+  eval_batches = run.eval_batches
+  valid = run.evaluate(params, "valid", eval_batches)
+  measured = layer_contributions(lambda p, n: run.evaluate(p, "valid", n), params, eval_batches, full=valid)
   worth = {layer: c["relative_perplexity_increase"] for layer, c in measured["layers"].items()}
   all_layers = measured.get("all_layers", {}).get("relative_perplexity_increase")  # > 1 MoE layer only
   if run.writer:
@@ -206,5 +210,5 @@ def save(run: RunRecord, step: int, state: TrainState, metrics: dict, train_iter
   check_finite(metrics, step, run.last_checkpoint)
   if run.writer and run.window.metrics:
     run.writer.write(step, {"trained_tokens": run.trained_tokens + run.window.scored_tokens()})
-  run.exp.checkpointer.save(step, state, train_iter.get_state())
+  run.checkpointer.save(step, state, train_iter.get_state())
   run.last_checkpoint = step

@@ -17,6 +17,7 @@ from stablemoe_jax.analysis.recorder import RoutingRecorder
 from stablemoe_jax.experiment import actions
 from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.errors import CheckpointMismatchError
+from stablemoe_jax.core.run_view import RunView
 from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.experiment import plan as plan_lib
 from stablemoe_jax.experiment.clock import TrainClock
@@ -84,6 +85,12 @@ class Experiment:
 
     self.routing_agreement_step = mesh_lib.under_mesh(
         self.mesh, jax.jit(make_routing_agreement_step(self.model, self.task)))
+
+  def view(self) -> RunView:
+    """What the analyses, the facts probe and the task's final report read of this run (``core/run_view.py``)."""
+    return RunView(config=self.config, settings=self.settings, workdir=self.workdir, task=self.task, data=self.data,
+                   mesh=self.mesh, model=self.model, param_shardings=self.state_shardings.params,
+                   evaluate=self.evaluate, final_eval_batches=self.final_eval_batches)
 
   def init_state(self) -> TrainState:
     """A fresh state laid out over the mesh (expert parameters split over ``expert``, the rest replicated).
@@ -201,9 +208,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     train_iter.set_state(data_state)
     print(f"resumed from the checkpoint at step {start} in {exp.workdir}", flush=True)
   start = start or 0
-  recorder = RoutingRecorder(exp, start)  # routing analysis: drops records past `start`, records every N steps
+  view = exp.view()
+  recorder = RoutingRecorder(view, start)  # routing analysis: drops records past `start`, records every N steps
   recorder.after_step(state, start)
-  facts_probe = FactsProbe(exp, start)  # data.corpus=facts: every fact's recall and route at each evaluation point
+  facts_probe = FactsProbe(view, start)  # data.corpus=facts: every fact's recall and route at each evaluation point
   is_chief = jax.process_index() == 0
   writer = MetricWriter(exp.workdir, resume_step=start) if is_chief else None
   guard = health_lib.CollapseGuard(health_lib.GuardSettings.from_config(cfg), start)
@@ -215,7 +223,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   schedule = actions.Schedule.from_config(train_cfg)
   clock = TrainClock(train_seconds_before)
   run = actions.RunRecord(
-      exp=exp, writer=writer, guard=guard, clock=clock, window=actions.Window(clock),
+      evaluate=exp.evaluate, routing_agreement=exp.routing_agreement, eval_batches=train_cfg.eval_batches,
+      checkpointer=exp.checkpointer, writer=writer, guard=guard, clock=clock, window=actions.Window(clock),
       tokens_per_step=train_cfg.batch_size * train_cfg.seq_len, trained_tokens=trained_tokens,
       last_checkpoint=start if start else None,
       progress=tqdm.tqdm(total=train_cfg.steps, initial=start, desc="train", dynamic_ncols=True, mininterval=1.0,
@@ -257,8 +266,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         eval=exp.eval_mode(),
         valid=exp.evaluate(state.params, "valid", exp.final_eval_batches),
         test=exp.evaluate(state.params, "test", exp.final_eval_batches),
-        health=guard.summary(experiment_contributions(exp, state.params, "valid")),
-        **exp.task.final_report(exp, state.params),
+        health=guard.summary(experiment_contributions(view, state.params, "valid")),
+        **exp.task.final_report(view, state.params),
         facts=facts_probe.finish(state.params, train_cfg.steps) if facts_probe.enabled else None,
         analysis=recorder.finish(state, train_cfg.steps) or None)
     if is_chief:
@@ -294,7 +303,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathli
   try:
     step, state = exp.restore_for_evaluation(step)
     result = {"step": step, "split": split, **exp.evaluate(state.params, split, exp.final_eval_batches),
-              **exp.task.final_report(exp, state.params, split)}
+              **exp.task.final_report(exp.view(), state.params, split)}
   finally:
     exp.checkpointer.close()
   return result

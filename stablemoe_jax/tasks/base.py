@@ -13,6 +13,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from stablemoe_jax.core.run_view import RunView
+
 Batch = dict[str, Any]
 
 
@@ -69,6 +71,6 @@ class Task(Protocol):
   def eval_description(self, config) -> dict:
     """How evaluation scores a split (``summary.json["eval"]``)."""
 
-  def final_report(self, experiment, params, split: str = "test") -> dict:
+  def final_report(self, run: RunView, params, split: str = "test") -> dict:
     """Entries the task adds to ``summary.json`` after training and to ``--mode=eval``'s result on ``split``
     (the language model: none; translation: BLEU)."""

@@ -77,14 +77,14 @@ class LanguageModelTask:
     return {"mode": "sliding" if sliding else "blocks", "seq_len": cfg.seq_len,
             "stride": stride if sliding else cfg.seq_len}
 
-  def final_report(self, experiment, params, split: str = "test") -> dict:
+  def final_report(self, run: RunView, params, split: str = "test") -> dict:
     """``{"sets": {name: {"valid": {loss, perplexity, tokens}, "test": {...}}}}``: each of ``data.eval_sets``' sets
     scored on its own as ``evaluate`` scores a split (both held-out splits whatever ``split`` is: they are small);
     {} without sets."""
     del split  # every set's valid and test are reported
-    sets = eval_sets.parse(experiment.config.data)
+    sets = eval_sets.parse(run.config.data)
     if not sets:
       return {}
-    batches = experiment.final_eval_batches
-    return {"sets": {name: {held_out: experiment.evaluate(params, eval_sets.split_name(held_out, name), batches)
+    batches = run.final_eval_batches
+    return {"sets": {name: {held_out: run.evaluate(params, eval_sets.split_name(held_out, name), batches)
                             for held_out in eval_sets.SPLITS} for name in sets}}

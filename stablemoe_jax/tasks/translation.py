@@ -146,13 +146,13 @@ class TranslationTask:
     return {"mode": "teacher_forced_sentences", "seq_len": config.eval.seq_len,
             "max_sentences": settings_lib.typed(settings_lib.EvalSettings, config.eval).max_sentences}
 
-  def final_report(self, experiment, params, split: str = "test") -> dict:
+  def final_report(self, run: RunView, params, split: str = "test") -> dict:
     """BLEU on ``split``'s sets (``decoding/bleu_report.py``), the pairs' mixing weights, the over-length counts."""
-    cfg = experiment.config
-    report = data_lib.write_length_report(experiment.data, experiment.workdir / "data", cfg.train.seq_len,
+    cfg = run.config
+    report = data_lib.write_length_report(run.data, run.workdir / "data", cfg.train.seq_len,
                                           cfg.eval.seq_len)
-    weights = batch_lib.MixedPairIterator(experiment.data.split_sets("train"), cfg.train.batch_size,
+    weights = batch_lib.MixedPairIterator(run.data.split_sets("train"), cfg.train.batch_size,
                                           cfg.train.seq_len, cfg.seed,
-                                          experiment.settings.data.sampling_temperature).weights
-    return {"bleu": bleu_report(cfg, experiment.data, params, split, mesh=experiment.mesh), "pair_weights": weights,
+                                          run.settings.data.sampling_temperature).weights
+    return {"bleu": bleu_report(cfg, run.data, params, split, mesh=run.mesh), "pair_weights": weights,
             "over_length": report}

@@ -69,21 +69,21 @@ def test_shares_match_a_per_token_routing_of_the_routers_inputs(tiny_config, pre
   exp = _experiment(tiny_config, prepared_ptb, tmp_path)
   try:
     params = exp.init_state().params
-    assert bias_overridden_tokens(exp, params, "valid", 2)["moe_0"] == {
+    assert bias_overridden_tokens(exp.view(), params, "valid", 2)["moe_0"] == {
         "tokens": 2 * 64 * 16, "first_changed_fraction": 0.0, "set_changed_fraction": 0.0, "bias_spread": 0.0,
         "bias": [0.0] * 4}
     split_tokens = sum(int(exp.task.routing_tokens("moe_0", b)[1].sum())
                        for b in exp.task.eval_batches(exp.data, exp.config, "valid"))
     assert split_tokens > 2 * 64 * 16  # --batches 0: every batch of the split
-    assert bias_overridden_tokens(exp, params, "valid", 0)["moe_0"]["tokens"] == split_tokens
+    assert bias_overridden_tokens(exp.view(), params, "valid", 0)["moe_0"]["tokens"] == split_tokens
     bias = np.array([0.03, -0.02, 0.0, 0.012])  # about the spread of the tiny model's affinities at initialisation
     router = params["moe_0"]["router"]
     params = {**params, "moe_0": {**params["moe_0"], "router": {**router, "expert_bias": jnp.asarray(bias)}}}
-    got = bias_overridden_tokens(exp, params, "valid", 2)["moe_0"]
+    got = bias_overridden_tokens(exp.view(), params, "valid", 2)["moe_0"]
     model = analysis_model(exp.task, exp.config.model)
     first = every = near = tokens = 0
     for _, batch in zip(range(2), exp.task.eval_batches(exp.data, exp.config, "valid")):
-      h = _router_inputs(model, params, global_inputs(exp, batch))
+      h = _router_inputs(model, params, global_inputs(exp.view(), batch))
       mask = np.asarray(exp.task.routing_tokens("moe_0", batch)[1]).reshape(-1)
       counted = _reference(h, np.asarray(router["centroids"], np.float64), bias, mask, top_k=2)
       first, every, near, tokens = first + counted[0], every + counted[1], near + counted[2], tokens + mask.sum()
@@ -100,7 +100,7 @@ def test_a_run_without_a_bias_is_named(tiny_config, prepared_ptb, tmp_path):
   exp = _experiment(tiny_config, prepared_ptb, tmp_path, router="switch")
   try:
     with pytest.raises(ValueError, match="no MoE layer of this run has a balancing bias"):
-      bias_overridden_tokens(exp, exp.init_state().params)
+      bias_overridden_tokens(exp.view(), exp.init_state().params)
   finally:
     exp.checkpointer.close()
 

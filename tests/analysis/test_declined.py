@@ -86,7 +86,7 @@ def _reference(exp, params, batches):
   sample_router = jax.jit(make_sample_router(model, cfg.seed, choices=True), static_argnums=2)
   forced, low, mean_gate, tokens, first_gates, partly = 0.0, 0.0, 0.0, 0, [], 0
   for batch in batches:
-    inputs = global_inputs(exp, batch)
+    inputs = global_inputs(exp.view(), batch)
     train, inference = sample_router(params, inputs, True)
     _, sown = model.apply({"params": params}, *inputs, jnp.array(True), deterministic=False,
                           rngs={"dropout": jax.random.key(0)}, mutable=[METRICS, ROUTING])
@@ -120,7 +120,7 @@ def test_forced_and_declined_shares_match_independent_routing_and_metrics(tiny_c
     params = exp.init_state().params
     if router == "deepseek":
       params = _rank_expert_0_first(params)
-    layers = declined_tokens(exp, params, "valid", max_batches=3)
+    layers = declined_tokens(exp.view(), params, "valid", max_batches=3)
     cfg = ml_collections.ConfigDict(exp.config.to_dict())
     cfg.eval.batch_size, cfg.eval.seq_len = cfg.train.batch_size, cfg.train.seq_len
     batches = [b for _, b in zip(range(3), exp.task.eval_batches(exp.data, cfg, "valid"))]
@@ -149,7 +149,7 @@ def test_a_dense_model_is_refused_naming_the_setting(tiny_config, prepared_ptb, 
   exp = _experiment(tiny_config, prepared_ptb, tmp_path / "dense", "stablemoe")
   try:
     with pytest.raises(ValueError, match=r"no MoE layer to analyse \(model.moe.enabled is False\)"):
-      declined_tokens(exp, exp.init_state().params, "valid", max_batches=1)
+      declined_tokens(exp.view(), exp.init_state().params, "valid", max_batches=1)
   finally:
     exp.checkpointer.close()
 

@@ -69,7 +69,8 @@ class _Progress:
 def _run(wall: FakeTime) -> actions.RunRecord:
   clock = TrainClock(now=wall)
   guard = health.CollapseGuard(health.GuardSettings.from_config(make_tiny_config("/nowhere")), 0)
-  return actions.RunRecord(exp=None, writer=_Writer(), progress=_Progress(), guard=guard, clock=clock,
+  return actions.RunRecord(evaluate=None, routing_agreement=None, eval_batches=0, checkpointer=None,
+                           writer=_Writer(), progress=_Progress(), guard=guard, clock=clock,
                            window=actions.Window(clock), tokens_per_step=64, trained_tokens=10.0,
                            last_checkpoint=None)
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 
-import ml_collections
 import numpy as np
 import pytest
 
 from configs import default
 from stablemoe_jax.analysis import contribution
 from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.core.settings import HealthSettings, typed
 from stablemoe_jax.train import health
 
 BALANCED = [0.125] * 8
@@ -221,12 +222,13 @@ def test_health_config_checks_at_their_bounds(key, value, ok):
 
 # --- health.contribution_batches: the final measure's batches --------------------------------------------------------
 
-class _FakeExperiment:
-  """An ``Experiment`` stand-in for :func:`experiment_contributions`: perplexity 150 with the layer, 160 without
-  (its expert outputs zeroed); records the batches each evaluation was given."""
+class _FakeRun:
+  """A ``RunView`` stand-in for :func:`experiment_contributions`: perplexity 150 with the layer, 160 without
+  (its expert outputs zeroed); records the batches each evaluation was given. ``section``: the run's ``health``
+  section (None: absent, its defaults)."""
 
   def __init__(self, section):
-    self.config = ml_collections.ConfigDict({"health": section} if section is not None else {})
+    self.settings = types.SimpleNamespace(health=typed(HealthSettings, section))
     self.calls = []
 
   def evaluate(self, params, split, max_batches):
@@ -238,10 +240,10 @@ class _FakeExperiment:
 @pytest.mark.parametrize("section, batches, recorded", [({"contribution_batches": 3}, 3, 3), (None, 20, 20),
                                                         ({"contribution_batches": 0}, 0, "all")])
 def test_the_final_contribution_reads_contribution_batches(section, batches, recorded):
-  exp = _FakeExperiment(section)
+  run = _FakeRun(section)
   params = {"moe_0": {"experts": {"w_out": np.ones(2), "b_out": np.ones(2), "w_in": np.ones(2)}}, "embed": np.ones(1)}
-  result = contribution.experiment_contributions(exp, params, "test")
-  assert exp.calls == [("test", batches), ("test", batches)] and result["batches"] == recorded
+  result = contribution.experiment_contributions(run, params, "test")
+  assert run.calls == [("test", batches), ("test", batches)] and result["batches"] == recorded
   assert result["layers"]["moe_0"]["relative_perplexity_increase"] == pytest.approx(160 / 150 - 1)
   assert result["split"] == "test"
 

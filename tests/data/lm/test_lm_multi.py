@@ -151,7 +151,7 @@ def test_each_sets_perplexity_equals_the_models_nll_over_its_own_stream(small_ru
   exp = loop.Experiment(config, workdir)
   try:
     params = exp.init_state().params
-    report = exp.task.final_report(exp, params)
+    report = exp.task.final_report(exp.view(), params)
   finally:
     exp.checkpointer.close()
   corpus = pathlib.Path(config.data.train_files).parents[1]

@@ -24,6 +24,7 @@ from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 
 def train_step_seconds(router: str, tokens: int, experts: int, batch: int, repeats: int) -> float:
@@ -32,7 +33,7 @@ def train_step_seconds(router: str, tokens: int, experts: int, batch: int, repea
   config.model.moe.router, config.model.moe.num_experts = router, experts
   config.train.batch_size, config.train.seq_len = batch, tokens // batch
   config.model.max_len = max(config.model.max_len, tokens // batch)
-  model, tx = TransformerLM(config.model), make_optimizer(config.train)
+  model, tx = TransformerLM(typed(ModelSettings, config.model)), make_optimizer(config.train)
   state = create_train_state(model, tx, 0, config.train.seq_len)
   ids = jax.random.randint(jax.random.key(1), (batch, tokens // batch + 1), 0, 10000)
   data = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": jnp.ones(ids[:, 1:].shape)}

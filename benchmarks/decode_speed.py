@@ -53,6 +53,7 @@ from stablemoe_jax.data.translation.pipeline import load_translation_data  # noq
 from stablemoe_jax.decoding.translate_lines import encode_sources, translate_lines  # noqa: E402
 from stablemoe_jax.decoding.translator import decoding_model_config, make_translate_fn  # noqa: E402
 from stablemoe_jax.models.seq2seq import CACHE, PAD_ID, TransformerSeq2Seq  # noqa: E402
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 
 def load_config(path: str) -> ml_collections.ConfigDict:
@@ -70,7 +71,7 @@ def model_and_data(args):
     data = load_translation_data(config.data, workdir / "data")
     config.model.vocab_size = data.vocab_size
     sample = jnp.zeros((1, config.model.max_len), jnp.int32)
-    params = TransformerSeq2Seq(config.model).init(jax.random.key(args.seed), sample, sample, jnp.array(True))
+    params = TransformerSeq2Seq(typed(ModelSettings, config.model)).init(jax.random.key(args.seed), sample, sample, jnp.array(True))
     return config, params["params"], data, None
   from stablemoe_jax.experiment import loop
   config = load_config(args.config) if args.config else ml_collections.ConfigDict(
@@ -104,7 +105,7 @@ class CompiledAhead:
 def sentences_per_second(config, params, data, lines, language, beam_size: int) -> dict:
   dec = config.decode
   max_len = dec.max_len or config.model.max_len
-  fn = CompiledAhead(make_translate_fn(config.model, beam_size, max_len, dec.length_penalty))
+  fn = CompiledAhead(make_translate_fn(typed(ModelSettings, config.model), beam_size, max_len, dec.length_penalty))
   cpu_start = time.process_time()
   out = translate_lines(fn, params, data.tokenizer, language, lines, dec.batch_size, config.eval.seq_len)
   decode_s, cpu_s = out.seconds - fn.compile_s, time.process_time() - cpu_start - fn.compile_cpu_s
@@ -116,7 +117,7 @@ def sentences_per_second(config, params, data, lines, language, beam_size: int) 
 
 def step_costs(config, params, data, lines, language, beam_size: int, repeats: int) -> dict:
   """Time and FLOPs of one decode step at positions 1 and max_len - 1, per way of reading the encoder output."""
-  model = TransformerSeq2Seq(decoding_model_config(config.model))
+  model = TransformerSeq2Seq(decoding_model_config(typed(ModelSettings, config.model)))
   batch, max_len = config.decode.batch_size, config.decode.max_len or config.model.max_len
   sources, _ = encode_sources(data.tokenizer, language, lines[:batch], config.eval.seq_len)
   width = max(len(s) for s in sources)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from benchmarks.moe_layer import time_fn
 from configs import default
 from stablemoe_jax.models.transformer import TransformerLM
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 
 def model_config(vocab: int, eval_dispatcher: str, moe: bool, block_size: int):
@@ -47,7 +48,7 @@ def main():
   results = {"device": str(jax.devices()[0].device_kind), "args": vars(args)}
   outputs = {}
   for name, dispatcher, moe in (("dense", "auto", False), ("index", "index", True), ("grouped", "grouped", True)):
-    model = TransformerLM(model_config(args.vocab, dispatcher, moe, args.block_size))
+    model = TransformerLM(typed(ModelSettings, model_config(args.vocab, dispatcher, moe, args.block_size)))
     params = nn.unbox(model.init(jax.random.key(1), tokens[:1], jnp.array(False))["params"])
     # Zero-initialised output projections would make every expert the identity; give them weights.
     params = jax.tree_util.tree_map_with_path(

@@ -36,6 +36,7 @@ from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 SYNTHETIC_VOCAB = 1000
 SUCCESSORS = 4  # each token of the synthetic language is followed by one of 4 tokens: ~1.4 nats at best
@@ -82,7 +83,7 @@ def train_losses(config: ml_collections.ConfigDict, batches: list[dict]) -> dict
   check_backend(config, jax.default_backend())
   mesh_lib.check_layout(config, jax.device_count())
   mesh = mesh_lib.make_mesh(config.mesh)
-  model, tx = TransformerLM(config.model), make_optimizer(config.train)
+  model, tx = TransformerLM(typed(ModelSettings, config.model)), make_optimizer(config.train)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
   state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, shardings=shardings)
   init = float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(state.params)))

@@ -160,7 +160,8 @@ def eval_timings(exps: list[Experiment], decode_sentences: int) -> dict:
       best[k] = min(best[k], time.perf_counter() - start)
   cfg = exps[0].config
   settings = bleu_report.decode_settings(cfg)
-  translate_fn = make_translate_fn(cfg.model, settings["beam_size"], settings["max_len"], settings["length_penalty"])
+  translate_fn = make_translate_fn(exps[0].settings.model, settings["beam_size"], settings["max_len"],
+                                   settings["length_penalty"])
   lines = exps[0].data.raw_text("de-en", "test_2016_flickr")[0][:decode_sentences]
   translate = lambda: translate_lines(translate_fn, params[0], exps[0].data.tokenizer, "de", lines,
                                       cfg.decode.batch_size, cfg.eval.seq_len)

@@ -38,6 +38,7 @@ from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 def _xla_flops(compiled) -> float | None:
   try:
@@ -52,7 +53,7 @@ def project_step(base: ml_collections.ConfigDict, overrides: dict, vocab_size: i
   """(config, mesh, jitted step, abstract state, batch) of ``main``'s train step for the config + overrides."""
   config = case_config(base, overrides, vocab_size)
   mesh = mesh_lib.make_mesh(config.mesh)
-  model, tx = TransformerLM(config.model), make_optimizer(config.train)
+  model, tx = TransformerLM(typed(ModelSettings, config.model)), make_optimizer(config.train)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
   state = jax.eval_shape(lambda: create_train_state(model, tx, config.seed, config.train.seq_len))
   batch = synthetic_batch(0, config.train.batch_size, config.train.seq_len, config.model.vocab_size)

@@ -47,6 +47,7 @@ from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 
 # Dense peak FLOP/s of one device, by a substring of jax's ``device_kind`` (first match wins, so the more
@@ -149,7 +150,7 @@ def prepare_case(base: ml_collections.ConfigDict, case: Case, vocab_size: int = 
   check_backend(config, jax.default_backend())
   mesh_lib.check_layout(config, jax.device_count())
   mesh = mesh_lib.make_mesh(config.mesh)
-  model = TransformerLM(config.model)
+  model = TransformerLM(typed(ModelSettings, config.model))
   tx = make_optimizer(config.train)
   train = config.train
   shardings = train_state_shardings(model, tx, train.seq_len, mesh)

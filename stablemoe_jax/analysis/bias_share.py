@@ -48,7 +48,7 @@ def bias_overridden_tokens(run: RunView, params, split: str = "valid", max_batch
   if not biases:
     raise ValueError("no MoE layer of this run has a balancing bias (a router parameter `expert_bias`, as "
                      "--config.model.moe.router=deepseek has): there is nothing for this analysis to measure.")
-  route = jax.jit(make_split_router(analysis_model(run.task, run.config.model)))
+  route = jax.jit(make_split_router(analysis_model(run.task, run.settings.model)))
   counts: dict[str, OverriddenCounts] = {}
   for index, batch in enumerate(run.task.eval_batches(run.data, run.config, split)):
     if 0 < max_batches <= index:

@@ -63,7 +63,7 @@ def declined_tokens(run: RunView, params, split: str = "valid", max_batches: int
   of the training shape; layers in model order."""
   cfg = ml_collections.ConfigDict(run.config.to_dict())
   cfg.eval.batch_size, cfg.eval.seq_len = cfg.train.batch_size, cfg.train.seq_len
-  route = jax.jit(make_declining_router(analysis_model(run.task, cfg.model)))
+  route = jax.jit(make_declining_router(analysis_model(run.task, run.settings.model)))
   counts: dict[str, DeclinedCounts] = {}
   for index, batch in enumerate(run.task.eval_batches(run.data, cfg, split)):
     if 0 < max_batches <= index:

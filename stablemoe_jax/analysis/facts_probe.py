@@ -99,7 +99,7 @@ class FactsProbe:
     self._lines, self._positions = run.data.value_positions(SPLIT, batch_size, seq_len)
     self._targets = np.concatenate([b["targets"] for b in self._batches]).ravel()
     self._real = np.concatenate([b["weights"] for b in self._batches]).ravel() > 0
-    measure = make_fact_measure(run.model, analysis_model(run.task, cfg.model), cfg.train.stage1_steps >= cfg.train.steps,
+    measure = make_fact_measure(run.model, analysis_model(run.task, run.settings.model), cfg.train.stage1_steps >= cfg.train.steps,
                                 cfg.seed)
     self._measure = mesh_lib.under_mesh(run.mesh, jax.jit(
         measure, in_shardings=(run.param_shardings, *[sharding_lib.batch_sharding(run.mesh)] * 2, None),

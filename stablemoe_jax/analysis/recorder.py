@@ -45,7 +45,7 @@ class RoutingRecorder:
     self._sample = run.task.routing_sample(run.data, cfg, rows)  # numpy [R, S] entries, the same on every process
     self._inputs = global_inputs(run, self._sample)
     self._route = mesh_lib.under_mesh(run.mesh, jax.jit(
-        make_sample_router(analysis_model(run.task, cfg.model), cfg.seed, choices=True), static_argnums=2,
+        make_sample_router(analysis_model(run.task, run.settings.model), cfg.seed, choices=True), static_argnums=2,
         in_shardings=(run.param_shardings, sharding_lib.batch_sharding(run.mesh)),
         out_shardings=sharding_lib.replicated(run.mesh)))
     if self._is_chief:

@@ -32,7 +32,7 @@ def split_routing_counts(run: RunView, params, split: str) -> dict[str, cohesion
   """Routes every token of ``split`` with the inference routing; {layer: counts} in model order."""
   cfg = run.config
   route = mesh_lib.under_mesh(run.mesh, jax.jit(
-      make_split_router(analysis_model(run.task, cfg.model)),
+      make_split_router(analysis_model(run.task, run.settings.model)),
       in_shardings=(run.param_shardings, sharding_lib.batch_sharding(run.mesh)),
       out_shardings=sharding_lib.replicated(run.mesh)))
   counts: dict[str, cohesion.RoutingCounts] = {}

@@ -1,23 +1,22 @@
 """Jitted functions that return, per MoE layer, where each token goes (sown by MoELayer into ROUTING)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import traverse_util
 
+from stablemoe_jax.core.settings import ModelSettings
 from stablemoe_jax.models.routing import ROUTING
 
 
-def analysis_model(task, model_config: ml_collections.ConfigDict):
-  """The run's model (``task.build_model``) without dropout, so that training-mode routing depends on the
-  parameters alone."""
-  config = ml_collections.ConfigDict(model_config.to_dict())
-  config.dropout = 0.0
-  return task.build_model(config)
+def analysis_model(task, model: ModelSettings):
+  """The run's model (``task.build_model`` of its ``model`` settings) without dropout, so that training-mode
+  routing depends on the parameters alone."""
+  return task.build_model(dataclasses.replace(model, dropout=0.0))
 
 
 def _natural_key(name: str):

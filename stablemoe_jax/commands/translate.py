@@ -57,7 +57,7 @@ def translate_file(config, workdir, step: int | None, src_lang: str, input_path:
     exp.checkpointer.close()
   cfg = exp.config
   settings = decode_settings(cfg)
-  translate_fn = make_translate_fn(cfg.model, settings["beam_size"], settings["max_len"], settings["length_penalty"],
+  translate_fn = make_translate_fn(exp.settings.model, settings["beam_size"], settings["max_len"], settings["length_penalty"],
                                    mesh=exp.mesh)
   out = translate_lines(translate_fn, state.params, exp.data.tokenizer, src_lang, lines, cfg.decode.batch_size,
                         cfg.eval.seq_len, progress=True)

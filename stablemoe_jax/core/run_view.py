@@ -15,13 +15,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from stablemoe_jax.core.settings import RunSettings
+from stablemoe_jax.core.settings import ModelSettings, RunSettings
 
 
 class RoutedTask(Protocol):
   """The part of a task (``tasks/base.Task``) that the analyses call: its model, inputs, batches and routed ids."""
 
-  def build_model(self, model_config) -> nn.Module: ...
+  def build_model(self, model: ModelSettings) -> nn.Module: ...
 
   def model_inputs(self, batch: dict) -> tuple[jax.Array, ...]: ...
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stablemoe_jax.core import settings as settings_lib
+from stablemoe_jax.core.settings import RunSettings
 from stablemoe_jax.decoding import bleu
 from stablemoe_jax.decoding.translate_lines import translate_lines
 from stablemoe_jax.decoding.translator import make_translate_fn
@@ -29,7 +29,7 @@ def decode_settings(config) -> dict:
           "max_len": dec.max_len or config.model.max_len, "length_penalty_form": "logprob_sum / length**a"}
 
 
-def bleu_report(config, data, params, split: str, mesh=None) -> dict:
+def bleu_report(config: RunSettings, data, params, split: str, mesh=None) -> dict:
   """Cased sacreBLEU of every set of ``split`` ('valid' or 'test'), each pair's primary set and their average.
 
   Sources are translated from their first ``eval.seq_len`` tokens; ``eval.max_sentences > 0`` takes each set's
@@ -39,8 +39,7 @@ def bleu_report(config, data, params, split: str, mesh=None) -> dict:
   settings = decode_settings(config)
   translate_fn = make_translate_fn(config.model, settings["beam_size"], settings["max_len"],
                                    settings["length_penalty"], mesh=mesh)
-  limit = settings_lib.typed(settings_lib.EvalSettings, config.eval).max_sentences
-  decode = settings_lib.typed(settings_lib.DecodeSettings, config.decode)
+  limit, decode = config.eval.max_sentences, config.decode
   sets, truncated, sentences, seconds, signature = {}, 0, 0, 0.0, ""
   split_sets = data.split_sets(split)
   primary_names = primary_set_names(split_sets)

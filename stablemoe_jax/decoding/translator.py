@@ -12,31 +12,29 @@ every token the expert one device gives it (``tests/decoding/test_decoding_devic
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from stablemoe_jax.core.constants import BOS_ID, EOS_ID
+from stablemoe_jax.core.settings import ModelSettings
 from stablemoe_jax.decoding import search
 from stablemoe_jax.models.seq2seq import CACHE, PAD_ID, TransformerSeq2Seq, empty_decode_cache
 
 FORBIDDEN_IDS = (PAD_ID, BOS_ID)  # never generated
 
 
-def decoding_model_config(model_config, groups: int = 1) -> ml_collections.ConfigDict:
-  """``model_config`` with no-drop routing (capacity = every token of its group) in ``groups`` routing groups."""
-  config = ml_collections.ConfigDict(model_config.to_dict())
-  config.moe.eval_capacity_factor = 0.0
-  config.moe.num_groups = groups
-  config.dropout = 0.0
-  return config
+def decoding_model_config(model: ModelSettings, groups: int = 1) -> ModelSettings:
+  """``model`` with no-drop routing (capacity = every token of its group) in ``groups`` routing groups."""
+  moe = dataclasses.replace(model.moe, eval_capacity_factor=0.0, num_groups=groups)
+  return dataclasses.replace(model, moe=moe, dropout=0.0)
 
 
-def make_translate_fn(model_config, beam_size: int, max_len: int, length_penalty: float = 1.0,
+def make_translate_fn(model_config: ModelSettings, beam_size: int, max_len: int, length_penalty: float = 1.0,
                       mesh: Mesh | None = None) -> Callable[[dict, np.ndarray], tuple[jax.Array, jax.Array]]:
   """A jitted ``(params, source int32 [B, Ss]) -> (tokens int32 [B, max_len], scores float32 [B])``.
 

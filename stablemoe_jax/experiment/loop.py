@@ -69,7 +69,7 @@ class Experiment:
     self.settings = settings_lib.from_config(config)  # typed; self.config stays what is recorded
     if jax.process_index() == 0:
       (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-    self.model = self.task.build_model(config.model)
+    self.model = self.task.build_model(self.settings.model)
     self.sample_inputs = self.task.sample_inputs(config)
     self.tx = make_optimizer(config.train)
     self.checkpointer = ckpt_lib.Checkpointer(

@@ -40,12 +40,15 @@ def make_moe_layer(moe_config, vocab_size: int, num_sublayers: int, d_ff: int, d
                    dtype: Any = jnp.float32, layer_cls=None, **kwargs) -> "MoELayer":
   """A MoE layer with the router of ``moe_config`` built for it (``routers.make_router``): what the models do.
 
+  ``moe_config`` (the ``model.moe`` section, typed here if it is not yet) is resolved once, here: its routing
+  groups (``resolve_groups``) and its router; the layer gets both as fields.
+
   ``layer_cls``: MoELayer (default) or a lifted version of it (``nn.remat(MoELayer, ...)``); ``kwargs``: Flax's
   (``name``). Call it where the layer is built (the routing groups of ``num_groups`` 0 are those of the mesh then).
   """
-  router = routers.make_router(resolve_groups(moe_config), vocab_size=vocab_size)
-  return (layer_cls or MoELayer)(moe_config, vocab_size, num_sublayers, d_ff, dropout, dtype, router=router,
-                                 **kwargs)
+  moe = resolve_groups(moe_config)
+  router = routers.make_router(moe, vocab_size=vocab_size)
+  return (layer_cls or MoELayer)(moe, vocab_size, num_sublayers, d_ff, dropout, dtype, router=router, **kwargs)
 
 
 class MoELayer(nn.Module):
@@ -76,7 +79,8 @@ class MoELayer(nn.Module):
   whatever the router: ``h'_t = h_t + routed_t + sum_{i < n} Shared_i(h_t)``. Padding still passes unchanged.
 
   Attributes:
-    moe_config: the ``model.moe`` config (router name and its settings, experts, capacity, groups).
+    moe: the ``model.moe`` settings (router name and its settings, experts, capacity), its ``num_groups``
+      resolved (> 0; ``make_moe_layer`` resolves 0 to one group per device of the mesh).
     vocab_size: vocabulary size (for token-id routers).
     num_sublayers: FFN sublayers per expert.
     d_ff: expert FFN width.
@@ -86,7 +90,7 @@ class MoELayer(nn.Module):
       "router": ``router(h [T, d], token_ids, in_stage1, deterministic, token_mask=) -> Routing``.
   """
 
-  moe_config: Any
+  moe: MoESettings
   vocab_size: int
   num_sublayers: int
   d_ff: int
@@ -105,7 +109,7 @@ class MoELayer(nn.Module):
     if self.router is None:
       raise ValueError("MoELayer needs its router: build the layer with moe.make_moe_layer(...), or pass "
                        "router=routers.make_router(moe_config, vocab_size=...).")
-    cfg = resolve_groups(self.moe_config)  # num_groups 0 (a model built outside a launch): one per device of the mesh
+    cfg = self.moe
     num_experts = cfg.num_experts
     batch, length, d = x.shape
     h = x.reshape(batch * length, d)

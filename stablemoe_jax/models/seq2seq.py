@@ -20,7 +20,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.constants import PAD_ID  # noqa: F401  (the pad id; re-exported)
 from stablemoe_jax.core.settings import ModelSettings
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
@@ -178,7 +177,7 @@ class TransformerSeq2Seq(nn.Module):
   """Encoder-decoder Transformer over a joint vocabulary with tied embeddings and MoE layers.
 
   Attributes:
-    config: the ``model`` config (vocab_size, d_model, num_heads, num_layers (each of encoder and decoder),
+    config: the ``model`` settings, typed where the run starts (vocab_size, d_model, num_heads, num_layers (each of encoder and decoder),
       d_ff, max_len, dropout, dtype, ``moe`` and ``dense_match``, as the language model's).
 
   Parameters are float32; ``model.dtype`` is the compute dtype; logits are float32. ``__call__`` and ``decode``
@@ -187,10 +186,10 @@ class TransformerSeq2Seq(nn.Module):
   top-level modules ``encoder_moe_{k}`` and ``decoder_moe_{k}`` (the dense baselines: ``*_dense_ffn_{k}``).
   """
 
-  config: Any
+  config: ModelSettings
 
   def setup(self):
-    cfg = settings_lib.typed(ModelSettings, self.config)
+    cfg = self.config
     d = cfg.d_model
     dtype = jnp.dtype(cfg.dtype)
     self.embed = nn.Embed(padded_vocab_size(cfg), d, embedding_init=embedding_init(cfg))
@@ -303,8 +302,7 @@ class TransformerSeq2Seq(nn.Module):
     y = self._stack("decoder", len(self.decoder_blocks), y, decoder_inputs, in_stage1, deterministic,
                     lambda i, y: self.decoder_blocks[i](y, memory[i], cross_mask, deterministic, decode, self_mask))
     y = self.decoder_norm(y)
-    return HeadInputs(y, self.embed.embedding, self.config.vocab_size,
-                      settings_lib.typed(ModelSettings, self.config).loss_chunk_tokens)
+    return HeadInputs(y, self.embed.embedding, self.config.vocab_size, self.config.loss_chunk_tokens)
 
   def __call__(self, source: jax.Array, decoder_inputs: jax.Array, in_stage1: jax.Array,
                deterministic: bool = True, decode: bool = False,

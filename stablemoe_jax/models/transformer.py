@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.settings import ModelSettings
@@ -56,10 +54,10 @@ def has_moe_layers(model_config) -> bool:
   return settings_lib.typed(ModelSettings, model_config).has_moe_layers
 
 
-def count_params(model_config, seq_len: int = 8) -> int:
-  """Parameters of the TransformerLM that ``model_config`` describes (abstract init: nothing is allocated)."""
-  tokens = jnp.zeros((1, min(seq_len, model_config.max_len)), jnp.int32)
-  shapes = jax.eval_shape(lambda: TransformerLM(model_config).init(jax.random.key(0), tokens, jnp.array(True)))
+def count_params(model: ModelSettings, seq_len: int = 8) -> int:
+  """Parameters of the TransformerLM that ``model`` describes (abstract init: nothing is allocated)."""
+  tokens = jnp.zeros((1, min(seq_len, model.max_len)), jnp.int32)
+  shapes = jax.eval_shape(lambda: TransformerLM(model).init(jax.random.key(0), tokens, jnp.array(True)))
   return sum(int(x.size) for x in jax.tree.leaves(shapes["params"]))
 
 
@@ -68,21 +66,19 @@ def _ffn_sublayer_params(d: int, width: int) -> int:
 
 
 @functools.lru_cache(maxsize=32)
-def _dense_plan(config_json: str) -> tuple[int, int]:
-  cfg = ml_collections.ConfigDict(json.loads(config_json))
-  how = cfg.dense_match
-  cfg.dense_match = "none"
-  cfg.moe.enabled = True
-  moe_total = count_params(cfg)
-  cfg.moe.enabled = False
-  extra = (moe_total - count_params(cfg)) / len(moe_positions(cfg.num_layers, cfg.moe.placement))
-  d, width = cfg.d_model, cfg.moe.d_ff or cfg.d_ff
+def _dense_plan(model: ModelSettings) -> tuple[int, int]:
+  how = model.dense_match
+  with_moe = dataclasses.replace(model, dense_match="none", moe=dataclasses.replace(model.moe, enabled=True))
+  moe_total = count_params(with_moe)
+  without = dataclasses.replace(with_moe, moe=dataclasses.replace(model.moe, enabled=False))
+  positions = len(moe_positions(model.num_layers, model.moe.placement))
+  extra = (moe_total - count_params(without)) / positions
+  d, width = model.d_model, model.moe.d_ff or model.d_ff
   if how == "flops":  # a token's k routed experts' FFNs and every shared one: one FFN (k + n) times as wide
-    experts_per_token = routers.top_k(cfg.moe) + settings_lib.typed(settings_lib.MoESettings, cfg.moe).shared_experts
-    return (max(1, cfg.moe.sublayers_per_expert // len(moe_positions(cfg.num_layers, cfg.moe.placement))),
-            width * experts_per_token)
+    experts_per_token = routers.top_k(model.moe) + model.moe.shared_experts
+    return max(1, model.moe.sublayers_per_expert // positions), width * experts_per_token
   if how == "wider":
-    sublayers = max(1, cfg.moe.sublayers_per_expert // len(moe_positions(cfg.num_layers, cfg.moe.placement)))
+    sublayers = max(1, model.moe.sublayers_per_expert // positions)
   else:
     sublayers = max(1, round(extra / _ffn_sublayer_params(d, width)))
   return sublayers, max(1, round((extra / sublayers - 3 * d) / (2 * d + 1)))
@@ -98,7 +94,7 @@ def dense_match_plan(model_config) -> tuple[int, int]:
   MoE layer with n shared experts (``model.moe.shared_experts``) applies to each token (its router aside): one
   expert's FFN for top-1 routing.
   """
-  return _dense_plan(json.dumps(dataclasses.asdict(settings_lib.typed(ModelSettings, model_config))))
+  return _dense_plan(settings_lib.typed(ModelSettings, model_config))
 
 
 def attention_implementation(model_config, backend: str | None = None) -> str:
@@ -173,8 +169,8 @@ class TransformerLM(nn.Module):
   """Decoder-only LM with MoE layers inserted between blocks.
 
   Attributes:
-    config: the ``model`` config (vocab_size, d_model, num_heads, num_layers,
-      d_ff, max_len, dropout, dtype, attention, remat, ``moe`` and ``dense_match``).
+    config: the ``model`` settings (vocab_size, d_model, num_heads, num_layers, d_ff, max_len, dropout, dtype,
+      attention, remat, ``moe`` and ``dense_match``), typed where the run starts (the task's ``build_model``).
 
   ``model.dtype`` is the compute dtype: parameters stay float32 (the optimizer's master weights) and are
   cast where used; router affinities and every loss are float32; the LM head's matmul runs in the compute
@@ -182,13 +178,13 @@ class TransformerLM(nn.Module):
   (:class:`HeadInputs`), not logits: the task's loss applies the head (whole or in chunks, ``models/head.py``).
   """
 
-  config: Any
+  config: ModelSettings
 
   @nn.compact
   def __call__(self, tokens: jax.Array, in_stage1: jax.Array, deterministic: bool = True) -> HeadInputs:
     """tokens int32 [B, S], in_stage1 bool scalar -> the :class:`HeadInputs` of the next-token logits: hidden
     [B, S, d] and the tied embedding [Vp, d] (``.logits()``: float32 [B, S, V])."""
-    cfg = settings_lib.typed(ModelSettings, self.config)
+    cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     d = cfg.d_model
     embed = nn.Embed(padded_vocab_size(cfg), d, embedding_init=embedding_init(cfg), name="embed")

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from stablemoe_jax.core.run_view import RunView
+from stablemoe_jax.core.settings import ModelSettings
 
 Batch = dict[str, Any]
 
@@ -30,8 +31,8 @@ class Task(Protocol):
     The object has ``vocab_size`` and ``tokenizer``.
     """
 
-  def build_model(self, model_config) -> nn.Module:
-    """The Flax module of the task's model."""
+  def build_model(self, model: ModelSettings) -> nn.Module:
+    """The Flax module of the task's model, built from the typed ``model`` settings."""
 
   def sample_inputs(self, config) -> tuple[jax.Array, ...]:
     """Arguments before ``in_stage1`` with which ``model.init`` creates the parameters (one row)."""

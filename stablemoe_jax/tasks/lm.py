@@ -22,8 +22,8 @@ class LanguageModelTask:
   def load_data(self, data_config, prepared_dir):
     return data_lib.load_lm_data(data_config, prepared_dir)
 
-  def build_model(self, model_config):
-    return TransformerLM(model_config)
+  def build_model(self, model: settings_lib.ModelSettings):
+    return TransformerLM(model)
 
   def sample_inputs(self, config):
     return (jnp.zeros((1, config.train.seq_len), jnp.int32),)

@@ -85,8 +85,8 @@ class TranslationTask:
           f"stablemoe_jax.data.prepare --config CONFIG --workdir WORKDIR` with this config and workdir.")
     return data_lib.load_translation_data(data_config, pathlib.Path(prepared_dir))
 
-  def build_model(self, model_config):
-    return TransformerSeq2Seq(model_config)
+  def build_model(self, model: settings_lib.ModelSettings):
+    return TransformerSeq2Seq(model)
 
   def sample_inputs(self, config):
     rows = jnp.zeros((1, config.train.seq_len), jnp.int32)
@@ -154,5 +154,5 @@ class TranslationTask:
     weights = batch_lib.MixedPairIterator(run.data.split_sets("train"), cfg.train.batch_size,
                                           cfg.train.seq_len, cfg.seed,
                                           run.settings.data.sampling_temperature).weights
-    return {"bleu": bleu_report(cfg, run.data, params, split, mesh=run.mesh), "pair_weights": weights,
+    return {"bleu": bleu_report(run.settings, run.data, params, split, mesh=run.mesh), "pair_weights": weights,
             "over_length": report}

@@ -80,7 +80,7 @@ def test_shares_match_a_per_token_routing_of_the_routers_inputs(tiny_config, pre
     router = params["moe_0"]["router"]
     params = {**params, "moe_0": {**params["moe_0"], "router": {**router, "expert_bias": jnp.asarray(bias)}}}
     got = bias_overridden_tokens(exp.view(), params, "valid", 2)["moe_0"]
-    model = analysis_model(exp.task, exp.config.model)
+    model = analysis_model(exp.task, exp.settings.model)
     first = every = near = tokens = 0
     for _, batch in zip(range(2), exp.task.eval_batches(exp.data, exp.config, "valid")):
       h = _router_inputs(model, params, global_inputs(exp.view(), batch))

@@ -82,7 +82,7 @@ def _reference(exp, params, batches):
   from the layer's sown training metrics (each token's largest gate); the first choice's sown gates; the forced
   tokens whose sorted sets differ in some positions but not all."""
   cfg = exp.config
-  model = analysis_model(exp.task, cfg.model)
+  model = analysis_model(exp.task, exp.settings.model)
   sample_router = jax.jit(make_sample_router(model, cfg.seed, choices=True), static_argnums=2)
   forced, low, mean_gate, tokens, first_gates, partly = 0.0, 0.0, 0.0, 0, [], 0
   for batch in batches:

@@ -42,7 +42,7 @@ def _per_line_reference(exp, params) -> tuple[np.ndarray, np.ndarray, np.ndarray
   data, cfg = exp.data, exp.config
   per_row = cfg.eval.seq_len // data.corpus.line_length
   lines = data.corpus.lines
-  train_model = analysis_model(exp.task, cfg.model)
+  train_model = analysis_model(exp.task, exp.settings.model)
 
   @jax.jit  # one compile per prefix length (3)
   def last_position(prefix):

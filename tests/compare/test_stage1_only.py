@@ -12,6 +12,7 @@ from stablemoe_jax.compare import methods
 from stablemoe_jax.experiment.step import make_eval_step
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.tasks.lm import LanguageModelTask
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 
 def _model_and_batch():
@@ -19,7 +20,7 @@ def _model_and_batch():
   config.vocab_size, config.d_model, config.num_heads, config.num_layers, config.d_ff, config.max_len = (
       50, 16, 2, 2, 32, 16)
   config.dropout, config.moe.num_experts, config.moe.distilled_router.dim = 0.0, 4, 8
-  model = TransformerLM(config)
+  model = TransformerLM(typed(ModelSettings, config))
   tokens = np.random.default_rng(0).integers(0, 50, (2, 16)).astype(np.int32)
   params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), tokens, jnp.array(True))["params"])
   rng = np.random.default_rng(1)  # experts that do something, so that the routing shows in the loss

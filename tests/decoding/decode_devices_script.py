@@ -18,6 +18,7 @@ from tests.mt_fixtures import tiny_model_config  # noqa: E402
 from stablemoe_jax.decoding.translator import make_translate_fn  # noqa: E402
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq  # noqa: E402
 from stablemoe_jax.parallel import mesh as mesh_lib  # noqa: E402
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 
 def main(out: str) -> None:
@@ -28,12 +29,12 @@ def main(out: str) -> None:
   for row, length in enumerate([3, 9, 5, 1, 7, 4, 8]):
     source[row, :length] = rng.integers(4, 40, size=length)
     source[row, length] = 3  # eos
-  params = TransformerSeq2Seq(config).init(jax.random.key(1), jnp.asarray(source), jnp.asarray(source),
+  params = TransformerSeq2Seq(typed(ModelSettings, config)).init(jax.random.key(1), jnp.asarray(source), jnp.asarray(source),
                                            jnp.array(True))["params"]
   params = {**params, "embed": {"embedding": params["embed"]["embedding"] * 6.0}}
   results = {}
   for beam, layouts in ((3, (("data2_expert2", 2),)),):
-    results[f"one_device/beam{beam}"] = make_translate_fn(config, beam, 12)(params, source)
+    results[f"one_device/beam{beam}"] = make_translate_fn(typed(ModelSettings, config), beam, 12)(params, source)
     for name, expert in layouts:
       mesh = mesh_lib.make_mesh(ml_collections.ConfigDict({"expert": expert}))
       placed = params
@@ -43,7 +44,7 @@ def main(out: str) -> None:
                               params)
         assert any(len(leaf.sharding.device_set) == 4 and not leaf.sharding.is_fully_replicated
                    for leaf in jax.tree.leaves(placed))
-      results[f"{name}/beam{beam}"] = make_translate_fn(config, beam, 12, mesh=mesh)(placed, source)
+      results[f"{name}/beam{beam}"] = make_translate_fn(typed(ModelSettings, config), beam, 12, mesh=mesh)(placed, source)
   np.savez(f"{out}/decoded.npz", **{f"{k}/{part}": np.asarray(v[i]) for k, v in results.items()
                                    for i, part in enumerate(("tokens", "scores"))})
 

@@ -17,6 +17,7 @@ from stablemoe_jax.data.translation.rows import EncodedSet
 from stablemoe_jax.decoding import bleu_report as bleu_lib
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
 from stablemoe_jax.tasks import translation as translation_task
+from stablemoe_jax.core.settings import ModelSettings, from_config, typed
 
 LINES = ["Ein Mann schläft.", "Zwei Hunde spielen im Schnee.", "Ein Kind isst.", "Eine Frau liest ein Buch.",
          "Un hombre duerme.", "Dos perros juegan.", "A man sleeps.", "Two dogs play in the snow."]
@@ -69,12 +70,12 @@ def _config(sets: str, vocab_size: int, max_len: int = 8):
 
 def test_primary_decodes_each_pairs_primary_set_only_on_a_tiny_model(tmp_path, tokenizer):
   every = _config("all", tokenizer.vocab_size)
-  params = jit_init(TransformerSeq2Seq(every.model), 0, jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32),
+  params = jit_init(TransformerSeq2Seq(typed(ModelSettings, every.model)), 0, jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32),
                     jnp.array(False))["params"]
   reports = {}
   for sets in ("all", "primary"):
     data = _data(tmp_path, tokenizer, lambda pair, name, sources: sources)
-    reports[sets] = bleu_lib.bleu_report(_config(sets, tokenizer.vocab_size), data, params, "test")
+    reports[sets] = bleu_lib.bleu_report(from_config(_config(sets, tokenizer.vocab_size)), data, params, "test")
     reports[sets]["read"] = data.read
   assert reports["all"]["read"] == [(pair, name) for pair, names in SETS.items() for name in names]
   assert reports["primary"]["read"] == list(PRIMARY.items())
@@ -110,7 +111,7 @@ def test_primary_reports_the_primary_sets_scores_not_another_sets(tmp_path, toke
   references = lambda pair, name, sources: sources if PRIMARY[pair] == name else LINES[-len(sources):]
   for sets in ("all", "primary"):
     data = _data(tmp_path, tokenizer, references)
-    report = bleu_lib.bleu_report(_config(sets, tokenizer.vocab_size, max_len=0), data, None, "test")
+    report = bleu_lib.bleu_report(from_config(_config(sets, tokenizer.vocab_size, max_len=0)), data, None, "test")
     assert report["per_pair"] == {"de-en": pytest.approx(100.0), "es-en": pytest.approx(100.0)}
     assert report["average"] == pytest.approx(100.0)
     others = [report["sets"][pair][name] for pair, names in SETS.items() for name in names if PRIMARY[pair] != name

@@ -14,6 +14,7 @@ from stablemoe_jax.data.translation.joint_tokenizer import BOS_ID, EOS_ID
 from stablemoe_jax.decoding import search
 from stablemoe_jax.decoding.translator import FORBIDDEN_IDS, make_translate_fn
 from stablemoe_jax.models.seq2seq import PAD_ID, TransformerSeq2Seq
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 SOURCE = jnp.array([[4, 5, 3, 0], [5, 4, 4, 3]], jnp.int32)
 
@@ -27,9 +28,9 @@ def _peaked_params(model, seed: int):
 @pytest.mark.slow  # ~30 s on 2 cores
 def test_beam_size_one_is_greedy_search():
   config = tiny_model_config(vocab_size=40).model
-  params = _peaked_params(TransformerSeq2Seq(config), seed=1)
-  greedy_tokens, greedy_sums = make_translate_fn(config, 1, 12)(params, SOURCE)
-  model = TransformerSeq2Seq(config)
+  params = _peaked_params(TransformerSeq2Seq(typed(ModelSettings, config)), seed=1)
+  greedy_tokens, greedy_sums = make_translate_fn(typed(ModelSettings, config), 1, 12)(params, SOURCE)
+  model = TransformerSeq2Seq(typed(ModelSettings, config))
   encoded = jax.jit(lambda p, s: model.apply({"params": p}, s, jnp.array(False), method=model.encode))(params, SOURCE)
   cache = jax.tree.map(jnp.zeros_like, jit_init(model, 0, SOURCE, jnp.zeros((2, 12), jnp.int32),
                                                   jnp.array(False), decode=True)["cache"])
@@ -67,10 +68,10 @@ def _brute_force_best(model, params, source, vocab_size: int, max_len: int, leng
 def test_beam_search_finds_the_brute_force_best_hypothesis():
   vocab_size, max_len, length_penalty = 7, 3, 1.0  # 3 allowed tokens + eos: 1 + 3 + 9 = 13 hypotheses
   config = tiny_model_config(vocab_size=vocab_size).model
-  model = TransformerSeq2Seq(config)
+  model = TransformerSeq2Seq(typed(ModelSettings, config))
   source = jnp.array([[4, 5, 6, 3], [6, 6, 3, 0]], jnp.int32)
   params = _peaked_params(model, seed=0)
-  tokens, scores = make_translate_fn(config, 16, max_len, length_penalty)(params, source)  # 16 >= 13: exhaustive
+  tokens, scores = make_translate_fn(typed(ModelSettings, config), 16, max_len, length_penalty)(params, source)  # 16 >= 13: exhaustive
   for row in range(source.shape[0]):
     best, best_score = _brute_force_best(model, params, source[row], vocab_size, max_len, length_penalty)
     np.testing.assert_array_equal(np.asarray(tokens[row, :len(best)]), best)

@@ -12,6 +12,7 @@ from tests.conftest import MAIN, REPO, make_tiny_config
 from stablemoe_jax.experiment import plan
 from stablemoe_jax.models import flops
 from stablemoe_jax.models.transformer import TransformerLM
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 
 def _config(ptb_dir, expert=1):
@@ -25,7 +26,7 @@ def _config(ptb_dir, expert=1):
 
 def test_state_bytes_are_exact_from_the_shardings(ptb_dir):
   config = _config(ptb_dir, expert=4)
-  params = nn.unbox(TransformerLM(config.model).init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32),
+  params = nn.unbox(TransformerLM(typed(ModelSettings, config.model)).init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32),
                                                      jnp.array(True))["params"])
   counts = flops.param_counts(params)
   got = plan.state_bytes_per_device(config, num_devices=4)

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import REPO
 from tests.mt_fixtures import tiny_model_config
 
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.experiment import plan
 from stablemoe_jax.models import flops
 from stablemoe_jax.tasks import make_task
@@ -21,7 +22,7 @@ def test_translation_plan_counts_the_real_parameters():
   config = tiny_model_config(vocab_size=40)
   config.mesh.expert, config.model.moe.num_groups, config.train.batch_size = 2, 2, 8
   task = make_task(config)
-  model = task.build_model(config.model)
+  model = task.build_model(from_config(config).model)
   real = state_lib.create_train_state(model, make_optimizer(config.train), 0, config.train.seq_len,
                                       sample_inputs=task.sample_inputs(config))
   counts = flops.param_counts(jax.device_get(real.params))

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import REPO, make_tiny_config, share_prepared_ptb, xla_flags
 
 from stablemoe_jax.core.errors import CheckpointMismatchError, ConfigError, DataNotFoundError
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.experiment import plan as plan_lib
 
@@ -173,7 +174,7 @@ def test_a_cpu_launch_whose_state_cannot_fit_the_host_stops_with_one_line(ptb_di
   config = make_tiny_config(ptb_dir)
   config.model.vocab_size, config.model.moe.num_groups = 1000, 8
   task = make_task(config)
-  params = jit_init(task.build_model(config.model), 0, *task.sample_inputs(config), jax.numpy.array(True))["params"]
+  params = jit_init(task.build_model(from_config(config).model), 0, *task.sample_inputs(config), jax.numpy.array(True))["params"]
   per_device = 4 * 4 * sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))  # the reference, by hand
   plan_lib.check_host_memory(config, 8, 8, available=8 * per_device + 4096)  # fits (Adam's step count aside)
   with pytest.raises(ConfigError) as error:

@@ -23,6 +23,7 @@ from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.tasks.translation import TranslationTask
 from stablemoe_jax.train import losses
 from stablemoe_jax.train.checkpoint import _comparable, _differences
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 TOL = dict(rtol=2e-5, atol=2e-6)
 
@@ -162,7 +163,7 @@ def _lm_setup(vocab_multiple=0, chunk=0, vocab=50):
   config.model.vocab_size = vocab
   config.model.dropout = 0.0
   config.model.loss_chunk_tokens, config.model.vocab_multiple = chunk, vocab_multiple
-  return config, TransformerLM(config.model)
+  return config, TransformerLM(typed(ModelSettings, config.model))
 
 
 def _pad_params(params, padded, value=30.0):
@@ -183,7 +184,7 @@ def _lm_batch(rows=4, seq=16, vocab=50, seed=1):
 
 def _assert_the_same_training_and_evaluation(model, on_model, task, params, on_params, batch, chunk, vocab):
   """``on_model`` (keys on; ``on_params``: ``params`` padded) against ``model`` (keys off): loss, gradients, sums."""
-  assert (model.config.get("loss_chunk_tokens", 0), on_model.config.get("loss_chunk_tokens", 0)) == (0, chunk)
+  assert (model.config.loss_chunk_tokens, on_model.config.loss_chunk_tokens) == (0, chunk)
   ref_loss, ref_grads = _loss_and_grads(model, task, params, batch)
   loss, grads = _loss_and_grads(on_model, task, on_params, batch)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
@@ -246,12 +247,12 @@ def _mt_batch(rows=4, length=12, vocab=40, seed=2):
 def test_translation_smoothed_loss_gradients_and_eval_sums_with_the_keys_on(chunk, multiple):
   config = mt_fixtures.tiny_model_config(vocab_size=40)
   config.train.label_smoothing = 0.1
-  model, task = TransformerSeq2Seq(config.model), TranslationTask(config)
+  model, task = TransformerSeq2Seq(typed(ModelSettings, config.model)), TranslationTask(config)
   row = jnp.zeros((1, 12), jnp.int32)
   params = conftest.jit_init(model, 0, row, row, jnp.array(True))["params"]
   on_config = ml_collections.ConfigDict(config.model.to_dict())  # the reference model keeps its own
   on_config.loss_chunk_tokens, on_config.vocab_multiple = chunk, multiple
-  on_model = TransformerSeq2Seq(on_config)
+  on_model = TransformerSeq2Seq(typed(ModelSettings, on_config))
   on_params = _pad_params(params, padded_vocab_size(on_config)) if multiple else params
   _assert_the_same_training_and_evaluation(model, on_model, task, params, on_params, _mt_batch(), chunk, 40)
 
@@ -261,14 +262,14 @@ def test_greedy_and_beam_decoding_never_emit_a_padded_id():
   from stablemoe_jax.decoding.translator import make_translate_fn
   config = mt_fixtures.tiny_model_config(vocab_size=40)
   config.model.vocab_multiple = 64
-  model = TransformerSeq2Seq(config.model)
+  model = TransformerSeq2Seq(typed(ModelSettings, config.model))
   row = jnp.zeros((1, 12), jnp.int32)
   params = conftest.jit_init(model, 0, row, row, jnp.array(True))["params"]
   params = jax.tree.map(lambda a: a, params)
   params["embed"]["embedding"] = params["embed"]["embedding"].at[40:].set(30.0)
   source = _mt_batch()["source"]
   for beam in (1, 2):
-    tokens, _ = make_translate_fn(config.model, beam, 8)(params, source)
+    tokens, _ = make_translate_fn(typed(ModelSettings, config.model), beam, 8)(params, source)
     assert int(np.max(tokens)) < 40
 
 

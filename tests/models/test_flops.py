@@ -11,6 +11,7 @@ from tests.conftest import jit_init
 from configs import default
 from stablemoe_jax.models import flops
 from stablemoe_jax.models.transformer import TransformerLM, dense_match_plan
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 BATCH, SEQ = 4, 32
 
@@ -48,7 +49,7 @@ def _hand_count(d, f, layers, vocab, seq, experts=0, sublayers=0, expert_f=0, di
 @pytest.mark.parametrize("moe, affinity", [(True, "dot"), (True, "cosine"), (False, "dot")])
 def test_analytic_flops_match_hand_count_and_xla_cost_analysis(moe, affinity):
   config = _model_config(moe, affinity=affinity)
-  model = TransformerLM(config)
+  model = TransformerLM(typed(ModelSettings, config))
   params = jit_init(model, 0, jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
   analytic = flops.forward_flops_per_token(params, SEQ)
   cosine_dim = 16 if affinity == "cosine" else 0
@@ -64,7 +65,7 @@ def test_analytic_flops_match_hand_count_and_xla_cost_analysis(moe, affinity):
 def test_dense_matched_models_count_every_ffn_sublayer(dense_match):
   config = _model_config(True)
   config.dense_match = dense_match
-  model = TransformerLM(config)
+  model = TransformerLM(typed(ModelSettings, config))
   params = jit_init(model, 0, jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
   sublayers, width = dense_match_plan(config)
   analytic = flops.forward_flops_per_token(params, SEQ)
@@ -76,12 +77,12 @@ def test_dense_matched_models_count_every_ffn_sublayer(dense_match):
 
 def test_parameter_split_counts_experts_apart():
   config = _model_config(True)
-  params = jax.eval_shape(lambda: TransformerLM(config).init(
+  params = jax.eval_shape(lambda: TransformerLM(typed(ModelSettings, config)).init(
       jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"])
   counts = flops.param_counts(params)
   d, e, s, f = 64, 4, 2, 128
   assert counts["expert"] == e * s * (2 * d + d * f + f + f * d + d)  # LayerNorm, w_in, b_in, w_out, b_out
-  dense = jax.eval_shape(lambda: TransformerLM(_model_config(False)).init(
+  dense = jax.eval_shape(lambda: TransformerLM(typed(ModelSettings, _model_config(False))).init(
       jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"])
   router = e * d + 1000 * 16 + e * 16  # centroids (dot routing), distilled embedding and centroids
   assert counts["shared"] == flops.param_counts(dense)["total"] + router
@@ -109,7 +110,7 @@ def test_topk_and_shared_expert_flops_match_hand_count_and_xla(router, top_k, sh
   distill = 2 * experts * 16 if router == "stablemoe" else 0  # the distilled router's centroids [N, d']
   base = _hand_count(d, f, 2, 1000, SEQ) + 2 * experts * d + distill
   config = _routed_config(router, top_k, shared, eval_capacity_factor=1.0)
-  model = TransformerLM(config)
+  model = TransformerLM(typed(ModelSettings, config))
   params = jit_init(model, 0, jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
   active = flops.forward_flops_per_token(params, SEQ, top_k=top_k)
   assert active == base + (top_k + shared) * one_expert
@@ -119,7 +120,7 @@ def test_topk_and_shared_expert_flops_match_hand_count_and_xla(router, top_k, sh
   assert active <= xla <= 1.05 * active, (active, xla)
   if top_k > 1:  # capacity factor 1 / k: the slots of a top-1 layer, so one expert row a token is computed
     config = _routed_config(router, top_k, shared, eval_capacity_factor=1.0 / top_k)
-    model = TransformerLM(config)
+    model = TransformerLM(typed(ModelSettings, config))
     padded = flops.forward_flops_per_token(params, SEQ, capacity_factor=1.0 / top_k, top_k=top_k)
     assert padded == base + (1 + shared) * one_expert
     xla = _xla_flops_per_token(model, params)
@@ -139,7 +140,7 @@ def test_flops_matched_dense_model_computes_what_a_topk_token_does(top_k, shared
   moe = _routed_config("switch", top_k, shared, eval_capacity_factor=float(top_k))
   dense = _routed_config("switch", top_k, shared, eval_capacity_factor=float(top_k))
   dense.dense_match = "flops"
-  shapes = lambda cfg: jax.eval_shape(lambda: TransformerLM(cfg).init(
+  shapes = lambda cfg: jax.eval_shape(lambda: TransformerLM(typed(ModelSettings, cfg)).init(
       jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"])
   assert dense_match_plan(dense) == (2, (top_k + shared) * 128)
   router = 2 * 4 * 64  # switch's centroids [N, d]

@@ -14,6 +14,7 @@ from stablemoe_jax.experiment.step import token_nll
 from stablemoe_jax.models.moe import SHUFFLE_RNG
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.models.transformer import TransformerLM, attention_implementation
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 BATCH, SEQ = 2, 16
 
@@ -47,7 +48,7 @@ def test_attention_auto_is_xla_on_cpu_and_cudnn_fails_clearly_before_compiling()
   with pytest.raises(ConfigError, match="needs an NVIDIA GPU, but JAX's backend is 'cpu'"):
     check_backend(config, jax.default_backend())
   with pytest.raises(ValueError, match="needs an NVIDIA GPU"):  # the model itself, at trace time
-    jax.eval_shape(lambda: _init(TransformerLM(config.model)))
+    jax.eval_shape(lambda: _init(TransformerLM(typed(ModelSettings, config.model))))
   with pytest.raises(ConfigError, match="bfloat16 or float16"):
     validate_config(_config(attention="cudnn"))
   with pytest.raises(ConfigError, match="model.attention='flash' is unknown"):
@@ -57,7 +58,7 @@ def test_attention_auto_is_xla_on_cpu_and_cudnn_fails_clearly_before_compiling()
 
 
 def _loss_and_grads(config, params):
-  model = TransformerLM(config.model)
+  model = TransformerLM(typed(ModelSettings, config.model))
   tokens = _tokens()
 
   def loss_fn(params):
@@ -73,7 +74,7 @@ def _loss_and_grads(config, params):
 
 @pytest.fixture(scope="module")
 def without_remat():
-  params = _init(TransformerLM(_config().model))
+  params = _init(TransformerLM(typed(ModelSettings, _config().model)))
   return params, *_loss_and_grads(_config(), params)
 
 
@@ -83,7 +84,7 @@ def test_remat_gives_the_same_loss_and_gradients(remat, without_remat):
   """With dropout and the token shuffle on: the recomputed forward must draw the same random bits."""
   params, loss, grads = without_remat
   loss_remat, grads_remat = _loss_and_grads(_config(remat=remat), params)
-  assert jax.tree.structure(_init(TransformerLM(_config(remat=remat).model))) == jax.tree.structure(params)
+  assert jax.tree.structure(_init(TransformerLM(typed(ModelSettings, _config(remat=remat).model)))) == jax.tree.structure(params)
   np.testing.assert_allclose(loss_remat, loss, rtol=1e-6)
   for g, g_remat in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_remat)):
     np.testing.assert_allclose(g_remat, g, rtol=1e-5, atol=1e-7)
@@ -91,7 +92,7 @@ def test_remat_gives_the_same_loss_and_gradients(remat, without_remat):
 
 def test_bfloat16_model_keeps_float32_params_router_logits_logits_and_losses():
   config = _config(dtype="bfloat16")
-  model = TransformerLM(config.model)
+  model = TransformerLM(typed(ModelSettings, config.model))
   params = _init(model)
   assert {x.dtype for x in jax.tree.leaves(nn.unbox(params))} == {jnp.dtype(jnp.float32)}
   rng = jax.random.key(3)

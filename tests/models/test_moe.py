@@ -14,6 +14,7 @@ from stablemoe_jax.core.settings import DistilledRouterSettings
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.routing import stablemoe_balance_loss
 from stablemoe_jax.models.stablemoe_router import StableMoERouter
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 D, FF, E, SUB, VOCAB = 8, 16, 4, 2, 11
 
@@ -232,7 +233,7 @@ def test_moe_placement_puts_layers_between_the_right_blocks(placement, blocks_be
   config.moe.placement = placement
   assert list(moe_positions(4, placement)) == blocks_before
   tokens = jnp.zeros((1, 8), jnp.int32)
-  model = TransformerLM(config)
+  model = TransformerLM(typed(ModelSettings, config))
   params = model.init(jax.random.key(0), tokens, jnp.array(True))["params"]  # eager: keeps the call order
   moe_names = sorted(k for k in params if k.startswith("moe_"))
   assert moe_names == [f"moe_{i}" for i in range(len(blocks_before))]

@@ -28,6 +28,7 @@ from stablemoe_jax.models.switch_router import SwitchSoftmax
 from stablemoe_jax.models.transformer import TransformerLM, moe_positions
 
 from tests.conftest import MAIN, REPO
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 
 def apply_router(router, params, h, ids, stage1=True, deterministic=False, rng=0):
@@ -275,7 +276,7 @@ def tiny_model_config(**moe):
 
 
 def real_param_count(config):
-  params = nn.unbox(TransformerLM(config).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.array(True))["params"])
+  params = nn.unbox(TransformerLM(typed(ModelSettings, config)).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.array(True))["params"])
   return sum(x.size for x in jax.tree.leaves(params)), params
 
 
@@ -303,7 +304,7 @@ def test_dense_deeper_and_wider_match_the_moe_total_within_one_percent(placement
 def test_dense_flops_has_the_moe_models_flops_a_token_less_its_routers(placement, sublayers):
   from stablemoe_jax.models import flops as flops_lib
   config = tiny_model_config(placement=placement, sublayers_per_expert=sublayers)
-  init = lambda c: jax.eval_shape(lambda: TransformerLM(c).init(
+  init = lambda c: jax.eval_shape(lambda: TransformerLM(typed(ModelSettings, c)).init(
       jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.array(True)))["params"]
   moe_params = init(config)
   config.moe.enabled, config.dense_match = False, "flops"

@@ -17,6 +17,7 @@ from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS, expert_load, routing_health, stablemoe_balance_loss
 from stablemoe_jax.models.seq2seq import PAD_ID, TransformerSeq2Seq
 from stablemoe_jax.models.switch_router import switch_balance_loss
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 RNG = np.random.default_rng(0)
 SCORES = jnp.asarray(RNG.normal(size=(10, 4)), jnp.float32)
@@ -99,7 +100,7 @@ def test_moe_layer_with_padding_against_the_per_token_loop_of_its_real_tokens():
 @pytest.mark.slow  # ~21 s on 2 cores (compiles the encoder-decoder twice)
 def test_translation_moe_metrics_do_not_change_with_the_amount_of_padding():
   config = tiny_model_config()
-  model = TransformerSeq2Seq(config.model)
+  model = TransformerSeq2Seq(typed(ModelSettings, config.model))
   source = jnp.asarray([[4, 9, 10, 11, 3], [5, 12, 13, 3, PAD_ID]], jnp.int32)
   target = jnp.asarray([[2, 20, 21, 22], [2, 30, PAD_ID, PAD_ID]], jnp.int32)
   params = jit_init(model, 0, source, target, jnp.array(True))["params"]

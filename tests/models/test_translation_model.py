@@ -15,6 +15,7 @@ from configs import mt_cpu
 
 from stablemoe_jax.models.routing import METRICS, ROUTING
 from stablemoe_jax.models.seq2seq import CACHE, TransformerSeq2Seq, empty_decode_cache
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 SOURCE = jnp.array([[4, 9, 10, 11, 3, 0, 0], [5, 12, 13, 14, 15, 16, 3]], jnp.int32)
 DECODER_INPUTS = jnp.array([[2, 20, 21, 22, 23], [2, 30, 31, 32, 0]], jnp.int32)
@@ -23,7 +24,7 @@ STAGE2 = jnp.array(False)
 
 def _model_and_params(router: str = "stablemoe"):
   config = tiny_model_config(router=router)
-  model = TransformerSeq2Seq(config.model)
+  model = TransformerSeq2Seq(typed(ModelSettings, config.model))
   params = jit_init(model, 0, SOURCE, DECODER_INPUTS, jnp.array(True))["params"]
   return model, params
 
@@ -75,7 +76,7 @@ def test_cross_keys_values_are_the_cross_attention_projections_of_the_encoder_ou
 def _param_tree(model_config) -> dict[str, str]:
   """{path: "dtype[shape]"} of the parameters ``init`` creates (shapes only, nothing computed)."""
   x = jnp.zeros((2, model_config.max_len), jnp.int32)
-  shapes = jax.eval_shape(lambda: TransformerSeq2Seq(model_config).init(jax.random.key(0), x, x, jnp.array(True)))
+  shapes = jax.eval_shape(lambda: TransformerSeq2Seq(typed(ModelSettings, model_config)).init(jax.random.key(0), x, x, jnp.array(True)))
   return {jax.tree_util.keystr(path): f"{leaf.dtype}{list(leaf.shape)}"
           for path, leaf in jax.tree_util.tree_flatten_with_path(shapes["params"])[0]}
 

@@ -31,6 +31,7 @@ from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 LAYOUTS = {"one_device": (1, 1), "expert4": (4, 4), "data2_expert2": (4, 2)}  # name -> (devices, mesh.expert)
 EXPERTS, GROUPS, MOE_LAYERS = 8, 4, 3
@@ -61,7 +62,7 @@ def count(pattern: str, hlo: str) -> int:
 def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, summary: dict) -> None:
   config = tiny_config(expert)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:devices])
-  model, tx = TransformerLM(config.model), make_optimizer(config.train)
+  model, tx = TransformerLM(typed(ModelSettings, config.model)), make_optimizer(config.train)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
   state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, shardings=shardings)
   batch = jax.device_put(batch, sharding_lib.batch_sharding(mesh))

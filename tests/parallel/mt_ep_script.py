@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import mt_cpu
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.experiment.step import make_train_step, step_rngs
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.parallel import mesh as mesh_lib
@@ -63,7 +64,7 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict) 
   config = tiny_config(expert)
   task = make_task(config)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:devices])
-  model, tx = task.build_model(config.model), make_optimizer(config.train)
+  model, tx = task.build_model(from_config(config).model), make_optimizer(config.train)
   inputs = task.sample_inputs(config)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh, sample_inputs=inputs)
   state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, sample_inputs=inputs,

@@ -27,6 +27,7 @@ from stablemoe_jax.models.routing import METRICS, routing_health
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.train import health
 from stablemoe_jax.train.metrics import read_metrics
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 # --- the metrics ----------------------------------------------------------------------------------------------------
 
@@ -100,7 +101,7 @@ ROUTER_CASES = [("stablemoe", {}), ("switch", {}), ("base", {}), ("hash", {}),
 
 @pytest.mark.parametrize("router,moe", ROUTER_CASES)
 def test_every_router_sows_the_health_metrics(router, moe):
-  model = TransformerLM(_tiny_model_config(router, **moe))
+  model = TransformerLM(typed(ModelSettings, _tiny_model_config(router, **moe)))
   tokens = np.random.default_rng(1).integers(0, 50, (2, 16)).astype(np.int32)
 
   @jax.jit
@@ -141,7 +142,7 @@ def _noise(tree, scale: float, base=None, seed: int = 0):
 
 def _lm_and_batch(router: str = "stablemoe"):
   config = _tiny_model_config(router)
-  model = TransformerLM(config)
+  model = TransformerLM(typed(ModelSettings, config))
   tokens = np.random.default_rng(1).integers(0, 50, (4, 16)).astype(np.int32)
   params = jax.device_get(nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), tokens, jnp.array(True))["params"]))
   return config, model, params, tokens
@@ -153,7 +154,7 @@ def test_model_without_a_moe_layer_is_the_dense_model_with_the_same_parameters()
   dense_config = ml_collections.ConfigDict(config.to_dict())
   dense_config.moe.enabled = False
   dense_params = {k: v for k, v in params.items() if k != "moe_0"}
-  dense = jax.jit(TransformerLM(dense_config).apply)({"params": dense_params}, tokens, jnp.array(False)).logits()
+  dense = jax.jit(TransformerLM(typed(ModelSettings, dense_config)).apply)({"params": dense_params}, tokens, jnp.array(False)).logits()
   apply = jax.jit(model.apply)
   ablated = apply({"params": contribution.without_layer(params, "moe_0")}, tokens, jnp.array(False)).logits()
   full = apply({"params": params}, tokens, jnp.array(False)).logits()
@@ -214,7 +215,7 @@ def test_with_shared_experts_the_verdict_judges_the_routed_experts_and_reports_t
   routed experts output zeros is worth exactly 0 and dead, while the whole layer (shared expert removed too) is
   worth a lot; the whole layer removed is the dense model with the same parameters."""
   config = _tiny_model_config("stablemoe", shared_experts=1)
-  model = TransformerLM(config)
+  model = TransformerLM(typed(ModelSettings, config))
   tokens = np.random.default_rng(1).integers(0, 50, (4, 16)).astype(np.int32)
   params = jax.device_get(nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), tokens, jnp.array(True))["params"]))
   params = _noise(params, 0.2, base=params)
@@ -241,7 +242,7 @@ def test_with_shared_experts_the_verdict_judges_the_routed_experts_and_reports_t
   # The whole layer removed: the dense model of the same parameters.
   dense_config = ml_collections.ConfigDict(config.to_dict())
   dense_config.moe.enabled = False
-  dense = jax.jit(lambda p: TransformerLM(dense_config).apply({"params": p}, tokens, jnp.array(False)).logits())(
+  dense = jax.jit(lambda p: TransformerLM(typed(ModelSettings, dense_config)).apply({"params": p}, tokens, jnp.array(False)).logits())(
       {k: v for k, v in params.items() if k != "moe_0"})
   np.testing.assert_allclose(apply(contribution.without_layer(params, "moe_0", shared=True)), dense,
                              rtol=1e-6, atol=1e-6)

@@ -17,6 +17,7 @@ from stablemoe_jax.decoding import bleu_report
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
 from stablemoe_jax.tasks import translation as translation_task
 from stablemoe_jax.train.losses import mean_loss, token_nll
+from stablemoe_jax.core.settings import ModelSettings, typed
 
 VOCAB = 40
 
@@ -130,7 +131,7 @@ def _scores(model, params, batch):
 def test_a_packed_pair_scores_as_alone(moe):
   config = tiny_model_config(VOCAB).model
   config.moe.enabled = moe
-  model = TransformerSeq2Seq(config)
+  model = TransformerSeq2Seq(typed(ModelSettings, config))
   rng = np.random.default_rng(1)
   sets = [_encoded_set(rng, 40)]
   picks = batch_lib.Picks.from_pairs([(sets[0], int(j)) for j in rng.integers(0, 40, 30)])

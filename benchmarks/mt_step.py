@@ -175,7 +175,7 @@ def per_run_costs(exp: Experiment, eval_batch_s: float, beam_s_per_sentence: flo
   cfg = exp.config
   train = cfg.train
   layers = len([k for k in exp.init_state().params if "_moe_" in k])
-  count = lambda split: sum(1 for _ in exp.task.eval_batches(exp.data, cfg, split))
+  count = lambda split: sum(1 for _ in exp.task.eval_batches(exp.data, exp.settings, split))
   points = len(range(train.eval_every, train.steps, train.eval_every))
   records = train.steps // cfg.analysis.record_every + 1 if cfg.analysis.record_every else 0
   periodic = points * train.eval_batches * (1 + layers) * eval_batch_s

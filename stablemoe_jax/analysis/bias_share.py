@@ -50,7 +50,7 @@ def bias_overridden_tokens(run: RunView, params, split: str = "valid", max_batch
                      "--config.model.moe.router=deepseek has): there is nothing for this analysis to measure.")
   route = jax.jit(make_split_router(analysis_model(run.task, run.settings.model)))
   counts: dict[str, OverriddenCounts] = {}
-  for index, batch in enumerate(run.task.eval_batches(run.data, run.config, split)):
+  for index, batch in enumerate(run.task.eval_batches(run.data, run.settings, split)):
     if 0 < max_batches <= index:
       break
     inputs = global_inputs(run, batch)

@@ -14,8 +14,9 @@ counts it.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
-import ml_collections
 import numpy as np
 
 from stablemoe_jax.analysis.report import global_inputs
@@ -61,11 +62,12 @@ class DeclinedCounts:
 def declined_tokens(run: RunView, params, split: str = "valid", max_batches: int = 20) -> dict[str, dict]:
   """{layer: DeclinedCounts.summary()} over the first ``max_batches`` batches (<= 0: all) of ``split``, in batches
   of the training shape; layers in model order."""
-  cfg = ml_collections.ConfigDict(run.config.to_dict())
-  cfg.eval.batch_size, cfg.eval.seq_len = cfg.train.batch_size, cfg.train.seq_len
+  train = run.settings.train
+  settings = dataclasses.replace(run.settings, eval=dataclasses.replace(run.settings.eval, batch_size=train.batch_size,
+                                                                         seq_len=train.seq_len))
   route = jax.jit(make_declining_router(analysis_model(run.task, run.settings.model)))
   counts: dict[str, DeclinedCounts] = {}
-  for index, batch in enumerate(run.task.eval_batches(run.data, cfg, split)):
+  for index, batch in enumerate(run.task.eval_batches(run.data, settings, split)):
     if 0 < max_batches <= index:
       break
     train_choices, gate, inference_choices = jax.device_get(route(params, global_inputs(run, batch)))

@@ -42,7 +42,7 @@ class RoutingRecorder:
       return
     check_devices(cfg, run.mesh.size)  # made before anything is prepared too (config_validation); kept for callers
     rows = cfg.analysis.sample_tokens // cfg.train.seq_len
-    self._sample = run.task.routing_sample(run.data, cfg, rows)  # numpy [R, S] entries, the same on every process
+    self._sample = run.task.routing_sample(run.data, run.settings, rows)  # numpy [R, S] entries, the same on every process
     self._inputs = global_inputs(run, self._sample)
     self._route = mesh_lib.under_mesh(run.mesh, jax.jit(
         make_sample_router(analysis_model(run.task, run.settings.model), cfg.seed, choices=True), static_argnums=2,

@@ -36,7 +36,7 @@ def split_routing_counts(run: RunView, params, split: str) -> dict[str, cohesion
       in_shardings=(run.param_shardings, sharding_lib.batch_sharding(run.mesh)),
       out_shardings=sharding_lib.replicated(run.mesh)))
   counts: dict[str, cohesion.RoutingCounts] = {}
-  for batch in run.task.eval_batches(run.data, cfg, split):
+  for batch in run.task.eval_batches(run.data, run.settings, split):
     routed = jax.device_get(route(params, global_inputs(run, batch)))
     for layer, (expert_index, gate) in routed.items():
       layer_counts = counts.setdefault(layer, cohesion.RoutingCounts(cfg.model.moe.num_experts, cfg.model.vocab_size))

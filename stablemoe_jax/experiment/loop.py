@@ -55,8 +55,9 @@ class Experiment:
       plan_lib.check_host_memory(config, jax.device_count(), jax.local_device_count(), plan_lib.host_memory_available())
     self.workdir.mkdir(parents=True, exist_ok=True)
     self.mesh = mesh_lib.make_mesh(config.mesh)
-    self.task = tasks_lib.make_task(config)
-    data_settings = settings_lib.from_config(config).data
+    before_vocab = settings_lib.from_config(config)  # typed; model.vocab_size is set from the data below
+    self.task = tasks_lib.make_task(before_vocab)
+    data_settings = before_vocab.data
     if jax.process_index() == 0:  # prepares tokenizer and records once; the others then read them
       self.data = self.task.load_data(data_settings, self.workdir / "data")
     mesh_lib.barrier("data prepared")
@@ -70,7 +71,7 @@ class Experiment:
     if jax.process_index() == 0:
       (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     self.model = self.task.build_model(self.settings.model)
-    self.sample_inputs = self.task.sample_inputs(config)
+    self.sample_inputs = self.task.sample_inputs(self.settings)
     self.tx = make_optimizer(config.train)
     self.checkpointer = ckpt_lib.Checkpointer(
         self.workdir / "checkpoints", config, keep=config.train.keep_checkpoints
@@ -116,7 +117,7 @@ class Experiment:
 
   def train_batches(self):
     """This process's share of every train batch, as a resumable grain iterator."""
-    return self.task.train_iterator(self.data, self.config, jax.process_index(), jax.process_count())
+    return self.task.train_iterator(self.data, self.settings, jax.process_index(), jax.process_count())
 
   def abstract_state(self) -> TrainState:
     """Shapes, dtypes and this mesh's shardings of the train state (for restoring into this layout)."""
@@ -138,7 +139,7 @@ class Experiment:
     """Perplexity on ``split`` with the inference routing; ``max_batches > 0`` evaluates a prefix. Also the tokens
     and the batches scored (fewer than ``max_batches`` when the split has fewer)."""
     batches: Iterable = mesh_lib.global_batches(
-        self.task.eval_batches(self.data, self.config, split, stride=self.settings.eval.stride), self.mesh)
+        self.task.eval_batches(self.data, self.settings, split, stride=self.settings.eval.stride), self.mesh)
     nll, tokens, scored = 0.0, 0.0, 0
     for batch in batches:
       if 0 < max_batches <= scored:
@@ -152,7 +153,7 @@ class Experiment:
     """How ``evaluate`` scores a split (the language model: non-overlapping blocks or sliding windows), and
     ``max_batches`` when the final evaluations score only a prefix (``eval.max_batches``)."""
     prefix = self.final_eval_batches
-    return {**self.task.eval_description(self.config), **({"max_batches": prefix} if prefix else {})}
+    return {**self.task.eval_description(self.settings), **({"max_batches": prefix} if prefix else {})}
 
   @property
   def final_eval_batches(self) -> int:
@@ -166,7 +167,7 @@ class Experiment:
     (the last batch's padding too); ``max_batches > 0`` uses a prefix.
     """
     agree, count = 0.0, 0
-    for i, batch in enumerate(mesh_lib.global_batches(self.task.eval_batches(self.data, self.config, split),
+    for i, batch in enumerate(mesh_lib.global_batches(self.task.eval_batches(self.data, self.settings, split),
                                                       self.mesh)):
       if max_batches > 0 and i >= max_batches:
         break

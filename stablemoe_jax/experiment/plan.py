@@ -45,9 +45,10 @@ def _resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def _abstract_init(config: ml_collections.ConfigDict):
   """(model, optimizer, the state's init function with logical axes) of ``config``'s task."""
-  task = make_task(config)
-  model, tx = task.build_model(settings_lib.from_config(config).model), make_optimizer(config.train)
-  init = state_lib._boxed_init(model, tx, 0, config.train.seq_len, task.sample_inputs(config))  # pylint: disable=protected-access
+  settings = settings_lib.from_config(config)
+  task = make_task(settings)
+  model, tx = task.build_model(settings.model), make_optimizer(config.train)
+  init = state_lib._boxed_init(model, tx, 0, config.train.seq_len, task.sample_inputs(settings))  # pylint: disable=protected-access
   return task, model, tx, init
 
 

@@ -14,13 +14,15 @@ import jax
 import numpy as np
 
 from stablemoe_jax.core.run_view import RunView
-from stablemoe_jax.core.settings import ModelSettings
+from stablemoe_jax.core.settings import ModelSettings, RunSettings
 
 Batch = dict[str, Any]
 
 
 class Task(Protocol):
-  """One task (``config.task``); the model it builds is called as ``model(*model_inputs(batch), in_stage1, det)``."""
+  """One task (``config.task``); the model it builds is called as ``model(*model_inputs(batch), in_stage1, det)``.
+
+  The methods that read the run's sections take its typed settings (``RunSettings``, ``Experiment.settings``)."""
 
   name: str
 
@@ -34,7 +36,7 @@ class Task(Protocol):
   def build_model(self, model: ModelSettings) -> nn.Module:
     """The Flax module of the task's model, built from the typed ``model`` settings."""
 
-  def sample_inputs(self, config) -> tuple[jax.Array, ...]:
+  def sample_inputs(self, settings: RunSettings) -> tuple[jax.Array, ...]:
     """Arguments before ``in_stage1`` with which ``model.init`` creates the parameters (one row)."""
 
   def batch_shapes(self, rows: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
@@ -54,13 +56,13 @@ class Task(Protocol):
     """``{"nll_sum", "tokens"}``: summed NLL of the batch's scored tokens (from the model's output) and their
     count."""
 
-  def train_iterator(self, data, config, shard_index: int, shard_count: int) -> Any:
+  def train_iterator(self, data, settings: RunSettings, shard_index: int, shard_count: int) -> Any:
     """Endless training batches of this process's rows, with ``get_state`` / ``set_state`` (exact resume)."""
 
-  def eval_batches(self, data, config, split: str, stride: int = 0) -> Iterator[Batch]:
+  def eval_batches(self, data, settings: RunSettings, split: str, stride: int = 0) -> Iterator[Batch]:
     """Whole evaluation batches of ``split`` (every process reads the same), each of ``eval.batch_size`` rows."""
 
-  def routing_sample(self, data, config, rows: int) -> Batch:
+  def routing_sample(self, data, settings: RunSettings, rows: int) -> Batch:
     """The fixed validation sample the routing records route: a batch of ``rows`` rows of ``train.seq_len``."""
 
   def routing_tokens(self, layer: str, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
@@ -69,7 +71,7 @@ class Task(Protocol):
   def train_token_counts(self, data, vocab_size: int) -> np.ndarray:
     """int64 [vocab_size]: how often each id occurs where the routers read ids in training."""
 
-  def eval_description(self, config) -> dict:
+  def eval_description(self, settings: RunSettings) -> dict:
     """How evaluation scores a split (``summary.json["eval"]``)."""
 
   def final_report(self, run: RunView, params, split: str = "test") -> dict:

@@ -25,8 +25,8 @@ class LanguageModelTask:
   def build_model(self, model: settings_lib.ModelSettings):
     return TransformerLM(model)
 
-  def sample_inputs(self, config):
-    return (jnp.zeros((1, config.train.seq_len), jnp.int32),)
+  def sample_inputs(self, settings):
+    return (jnp.zeros((1, settings.train.seq_len), jnp.int32),)
 
   def batch_shapes(self, rows, seq_len):
     shape = (rows, seq_len)
@@ -46,19 +46,19 @@ class LanguageModelTask:
     weights = batch["weights"]
     return {"nll_sum": jnp.sum(head_token_nll(output, batch["targets"]) * weights), "tokens": weights.sum()}
 
-  def train_iterator(self, data, config, shard_index: int, shard_count: int):
-    train = config.train
-    return data.train_iterator(train.batch_size, train.seq_len, config.seed,
+  def train_iterator(self, data, settings, shard_index: int, shard_count: int):
+    train = settings.train
+    return data.train_iterator(train.batch_size, train.seq_len, settings.seed,
                                shard_index=shard_index, shard_count=shard_count)
 
-  def eval_batches(self, data, config, split: str, stride: int = 0):
-    return data.eval_batches(split, config.eval.batch_size, config.eval.seq_len, stride=stride)
+  def eval_batches(self, data, settings, split: str, stride: int = 0):
+    return data.eval_batches(split, settings.eval.batch_size, settings.eval.seq_len, stride=stride)
 
-  def routing_sample(self, data, config, rows: int):
-    sample = next(data.eval_batches("valid", rows, config.train.seq_len))
+  def routing_sample(self, data, settings, rows: int):
+    sample = next(data.eval_batches("valid", rows, settings.train.seq_len))
     if sample["weights"].min() < 1:
       raise ConfigError(
-          f"analysis.sample_tokens={config.analysis.sample_tokens} exceeds the validation split "
+          f"analysis.sample_tokens={settings.analysis.sample_tokens} exceeds the validation split "
           f"({data.split_num_tokens('valid') - 1} predictions); lower --config.analysis.sample_tokens.")
     return sample
 
@@ -69,9 +69,9 @@ class LanguageModelTask:
   def train_token_counts(self, data, vocab_size: int) -> np.ndarray:
     return split_token_counts(data, vocab_size)
 
-  def eval_description(self, config) -> dict:
+  def eval_description(self, settings) -> dict:
     """Non-overlapping blocks or sliding windows (``eval.stride``)."""
-    cfg = settings_lib.typed(settings_lib.EvalSettings, config.eval)
+    cfg = settings.eval
     stride = cfg.stride
     sliding = 0 < stride < cfg.seq_len
     return {"mode": "sliding" if sliding else "blocks", "seq_len": cfg.seq_len,

@@ -64,15 +64,15 @@ def check_config(config) -> None:
 
 
 class TranslationTask:
-  """``config.task = "translation"``; reads ``train.label_smoothing``, ``data.sampling_temperature``,
-  ``data.length_buckets``, ``data.pack_pairs``, ``eval.max_sentences`` from the config it is built with."""
+  """``config.task = "translation"``; reads ``train.label_smoothing`` and ``data.pack_pairs`` from the settings it
+  is built with (the run's, typed), ``data.sampling_temperature``, ``data.length_buckets`` and
+  ``eval.max_sentences`` from those its methods are given."""
 
   name = "translation"
 
-  def __init__(self, config):
-    self._label_smoothing = float(settings_lib.typed(settings_lib.TrainSettings, config.train).label_smoothing)
-    data = config.data if "data" in config else None  # a hand-built config (tests) may hold only train
-    self._pack = settings_lib.typed(settings_lib.TranslationDataSettings, data).pack_pairs
+  def __init__(self, settings: settings_lib.RunSettings):
+    self._label_smoothing = float(settings.train.label_smoothing)
+    self._pack = settings.data.pack_pairs
 
   def load_data(self, data_config, prepared_dir):
     corpus = settings_lib.typed(settings_lib.TranslationDataSettings, data_config).corpus
@@ -88,8 +88,8 @@ class TranslationTask:
   def build_model(self, model: settings_lib.ModelSettings):
     return TransformerSeq2Seq(model)
 
-  def sample_inputs(self, config):
-    rows = jnp.zeros((1, config.train.seq_len), jnp.int32)
+  def sample_inputs(self, settings):
+    rows = jnp.zeros((1, settings.train.seq_len), jnp.int32)
     return rows, rows
 
   def batch_shapes(self, rows, seq_len):
@@ -112,25 +112,24 @@ class TranslationTask:
     weights = batch["weights"]
     return {"nll_sum": jnp.sum(head_token_nll(output, batch["targets"]) * weights), "tokens": weights.sum()}
 
-  def train_iterator(self, data, config, shard_index: int, shard_count: int):
-    train, data_settings = config.train, settings_lib.typed(settings_lib.TranslationDataSettings, config.data)
+  def train_iterator(self, data, settings, shard_index: int, shard_count: int):
+    train, data_settings = settings.train, settings.data
     buckets = batch_lib.length_buckets(data_settings.length_buckets, train.seq_len)
-    return batch_lib.MixedPairIterator(data.split_sets("train"), train.batch_size, train.seq_len, config.seed,
+    return batch_lib.MixedPairIterator(data.split_sets("train"), train.batch_size, train.seq_len, settings.seed,
                                        data_settings.sampling_temperature, shard_index, shard_count, buckets,
                                        pack=data_settings.pack_pairs)
 
-  def eval_batches(self, data, config, split: str, stride: int = 0):
+  def eval_batches(self, data, settings, split: str, stride: int = 0):
     del stride  # sentences are scored whole
-    return batch_lib.eval_batches(data.split_sets(split), config.eval.batch_size, config.eval.seq_len,
-                                  settings_lib.typed(settings_lib.EvalSettings, config.eval).max_sentences,
-                                  pack=self._pack)
+    return batch_lib.eval_batches(data.split_sets(split), settings.eval.batch_size, settings.eval.seq_len,
+                                  settings.eval.max_sentences, pack=self._pack)
 
-  def routing_sample(self, data, config, rows: int):
+  def routing_sample(self, data, settings, rows: int):
     """The first validation pairs that fit ``train.seq_len``, taken in turn from each pair's set (so every pair
     is in the sample); fewer fitting pairs than ``rows`` leave padding rows, which no report counts."""
-    fitting = [[(s, int(i)) for i in s.fitting(config.train.seq_len)] for s in data.split_sets("valid")]
+    fitting = [[(s, int(i)) for i in s.fitting(settings.train.seq_len)] for s in data.split_sets("valid")]
     picks = [p for group in itertools.zip_longest(*fitting) for p in group if p is not None][:rows]
-    return batch_lib.make_rows(picks, rows, config.train.seq_len)
+    return batch_lib.make_rows(picks, rows, settings.train.seq_len)
 
   def routing_tokens(self, layer, batch):
     """Encoder layers route the source, decoder layers the decoder inputs (bos + target); pad is no token."""
@@ -142,9 +141,9 @@ class TranslationTask:
   def train_token_counts(self, data, vocab_size: int) -> np.ndarray:
     return data.train_token_counts(vocab_size)
 
-  def eval_description(self, config) -> dict:
-    return {"mode": "teacher_forced_sentences", "seq_len": config.eval.seq_len,
-            "max_sentences": settings_lib.typed(settings_lib.EvalSettings, config.eval).max_sentences}
+  def eval_description(self, settings) -> dict:
+    return {"mode": "teacher_forced_sentences", "seq_len": settings.eval.seq_len,
+            "max_sentences": settings.eval.max_sentences}
 
   def final_report(self, run: RunView, params, split: str = "test") -> dict:
     """BLEU on ``split``'s sets (``decoding/bleu_report.py``), the pairs' mixing weights, the over-length counts."""

@@ -73,7 +73,7 @@ def test_shares_match_a_per_token_routing_of_the_routers_inputs(tiny_config, pre
         "tokens": 2 * 64 * 16, "first_changed_fraction": 0.0, "set_changed_fraction": 0.0, "bias_spread": 0.0,
         "bias": [0.0] * 4}
     split_tokens = sum(int(exp.task.routing_tokens("moe_0", b)[1].sum())
-                       for b in exp.task.eval_batches(exp.data, exp.config, "valid"))
+                       for b in exp.task.eval_batches(exp.data, exp.settings, "valid"))
     assert split_tokens > 2 * 64 * 16  # --batches 0: every batch of the split
     assert bias_overridden_tokens(exp.view(), params, "valid", 0)["moe_0"]["tokens"] == split_tokens
     bias = np.array([0.03, -0.02, 0.0, 0.012])  # about the spread of the tiny model's affinities at initialisation
@@ -82,7 +82,7 @@ def test_shares_match_a_per_token_routing_of_the_routers_inputs(tiny_config, pre
     got = bias_overridden_tokens(exp.view(), params, "valid", 2)["moe_0"]
     model = analysis_model(exp.task, exp.settings.model)
     first = every = near = tokens = 0
-    for _, batch in zip(range(2), exp.task.eval_batches(exp.data, exp.config, "valid")):
+    for _, batch in zip(range(2), exp.task.eval_batches(exp.data, exp.settings, "valid")):
       h = _router_inputs(model, params, global_inputs(exp.view(), batch))
       mask = np.asarray(exp.task.routing_tokens("moe_0", batch)[1]).reshape(-1)
       counted = _reference(h, np.asarray(router["centroids"], np.float64), bias, mask, top_k=2)

@@ -81,7 +81,7 @@ def test_translation_records_and_analyze_mode(mt_recorded):
     assert (workdir / "analysis" / name).read_text() == text, name
   cohesion = json.loads(trained[f"cohesion_valid_step{config.train.steps}.json"])
   _, exp = _distilled_table(config, workdir, layers[0])
-  batches = list(exp.task.eval_batches(exp.data, config, "valid"))
+  batches = list(exp.task.eval_batches(exp.data, exp.settings, "valid"))
   real = {"encoder": sum(int((b["source"] != PAD_ID).sum()) for b in batches),
           "decoder": sum(int(b["weights"].sum()) for b in batches)}
   for layer in layers:

@@ -21,10 +21,10 @@ from stablemoe_jax.train.optimizer import make_optimizer
 def test_translation_plan_counts_the_real_parameters():
   config = tiny_model_config(vocab_size=40)
   config.mesh.expert, config.model.moe.num_groups, config.train.batch_size = 2, 2, 8
-  task = make_task(config)
+  task = make_task(from_config(config))
   model = task.build_model(from_config(config).model)
   real = state_lib.create_train_state(model, make_optimizer(config.train), 0, config.train.seq_len,
-                                      sample_inputs=task.sample_inputs(config))
+                                      sample_inputs=task.sample_inputs(from_config(config)))
   counts = flops.param_counts(jax.device_get(real.params))
   assert sum(x.size for x in jax.tree.leaves(real.params)) == counts["total"]
   assert counts["expert"] > 0  # both MoE layers' experts

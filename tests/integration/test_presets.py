@@ -173,8 +173,9 @@ def test_a_cpu_launch_whose_state_cannot_fit_the_host_stops_with_one_line(ptb_di
   from stablemoe_jax.tasks import make_task  # pylint: disable=import-outside-toplevel
   config = make_tiny_config(ptb_dir)
   config.model.vocab_size, config.model.moe.num_groups = 1000, 8
-  task = make_task(config)
-  params = jit_init(task.build_model(from_config(config).model), 0, *task.sample_inputs(config), jax.numpy.array(True))["params"]
+  settings = from_config(config)
+  task = make_task(settings)
+  params = jit_init(task.build_model(settings.model), 0, *task.sample_inputs(settings), jax.numpy.array(True))["params"]
   per_device = 4 * 4 * sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))  # the reference, by hand
   plan_lib.check_host_memory(config, 8, 8, available=8 * per_device + 4096)  # fits (Adam's step count aside)
   with pytest.raises(ConfigError) as error:

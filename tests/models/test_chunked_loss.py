@@ -23,7 +23,7 @@ from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.tasks.translation import TranslationTask
 from stablemoe_jax.train import losses
 from stablemoe_jax.train.checkpoint import _comparable, _differences
-from stablemoe_jax.core.settings import ModelSettings, typed
+from stablemoe_jax.core.settings import ModelSettings, from_config, typed
 
 TOL = dict(rtol=2e-5, atol=2e-6)
 
@@ -247,7 +247,7 @@ def _mt_batch(rows=4, length=12, vocab=40, seed=2):
 def test_translation_smoothed_loss_gradients_and_eval_sums_with_the_keys_on(chunk, multiple):
   config = mt_fixtures.tiny_model_config(vocab_size=40)
   config.train.label_smoothing = 0.1
-  model, task = TransformerSeq2Seq(typed(ModelSettings, config.model)), TranslationTask(config)
+  model, task = TransformerSeq2Seq(typed(ModelSettings, config.model)), TranslationTask(from_config(config))
   row = jnp.zeros((1, 12), jnp.int32)
   params = conftest.jit_init(model, 0, row, row, jnp.array(True))["params"]
   on_config = ml_collections.ConfigDict(config.model.to_dict())  # the reference model keeps its own

@@ -62,10 +62,10 @@ def flat(tree) -> dict[str, np.ndarray]:
 
 def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict) -> None:
   config = tiny_config(expert)
-  task = make_task(config)
+  task = make_task(from_config(config))
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:devices])
   model, tx = task.build_model(from_config(config).model), make_optimizer(config.train)
-  inputs = task.sample_inputs(config)
+  inputs = task.sample_inputs(from_config(config))
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh, sample_inputs=inputs)
   state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, sample_inputs=inputs,
                              shardings=shardings)

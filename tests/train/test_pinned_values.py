@@ -7,6 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.models.head import HeadInputs
 from stablemoe_jax.tasks.translation import TranslationTask
 from stablemoe_jax.train import losses
@@ -33,9 +34,9 @@ def test_label_smoothed_nll_matches_the_hand_computed_value():
 
 
 def test_translation_train_loss_uses_the_configs_label_smoothing_and_weights():
-  config = ml_collections.ConfigDict({"train": {"label_smoothing": 0.1}})
+  settings = from_config({"task": "translation", "train": {"label_smoothing": 0.1}})
   batch = {"targets": jnp.asarray(TARGETS), "weights": jnp.asarray([[1.0, 1.0, 0.0]], jnp.float32)}
-  task = TranslationTask(config)
+  task = TranslationTask(settings)
   # The model's output whose logits are LOGITS: hidden states LOGITS against an identity embedding; the head on
   # whole logits (chunk_tokens 0) and in chunks of 2 tokens.
   for chunk_tokens in (0, 2):

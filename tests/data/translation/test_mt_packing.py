@@ -17,7 +17,7 @@ from stablemoe_jax.decoding import bleu_report
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
 from stablemoe_jax.tasks import translation as translation_task
 from stablemoe_jax.train.losses import mean_loss, token_nll
-from stablemoe_jax.core.settings import ModelSettings, typed
+from stablemoe_jax.core.settings import ModelSettings, from_config, typed
 
 VOCAB = 40
 
@@ -202,7 +202,7 @@ def test_config_checks():
   config.decode.sets = "some"
   with pytest.raises(ConfigError, match="decode.sets='some' is unknown"):
     translation_task.check_config(config)
-  task = translation_task.TranslationTask(config)
+  task = translation_task.TranslationTask(from_config(config))
   assert set(task.batch_shapes(4, 32)) == {"source", "decoder_inputs", "targets", "weights",
                                            *batch_lib.PACKING_KEYS}
   assert task.model_keywords({"source": 0}) == {}

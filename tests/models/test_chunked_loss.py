@@ -16,7 +16,7 @@ from tests import mt_fixtures
 from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.experiment.step import make_eval_step
 from stablemoe_jax.models import checks
-from stablemoe_jax.models.head import HeadInputs, chunked_nll, padded_vocab_size
+from stablemoe_jax.models.head import HeadInputs, padded_vocab_size
 from stablemoe_jax.models.seq2seq import TransformerSeq2Seq
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.tasks.lm import LanguageModelTask
@@ -112,7 +112,7 @@ def test_chunked_losses_in_bfloat16_keep_float32_gradients():
   x, embedding, targets, _ = _case(tokens=64, d=16, vocab=40, padded=40)
   _, _, _, ref_de = numpy_loss_and_grads(x, embedding, targets, np.ones(64), 0.0, 40)
   bf16 = lambda x, e: HeadInputs(x.astype(jnp.bfloat16), e, 40, 16)
-  for loss in (lambda x, e: jnp.mean(chunked_nll(bf16(x, e), jnp.asarray(targets))),
+  for loss in (lambda x, e: jnp.mean(losses.chunked_nll(bf16(x, e), jnp.asarray(targets))),
                lambda x, e: losses.head_mean_loss(bf16(x, e), jnp.asarray(targets), jnp.ones(64))):
     dx, de = jax.grad(loss, argnums=(0, 1))(x, embedding)
     assert de.dtype == jnp.float32 and dx.dtype == jnp.float32

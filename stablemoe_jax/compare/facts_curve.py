@@ -2,8 +2,8 @@
 
     python -m stablemoe_jax.compare.facts_curve RUNS_DIR [--out DIR]
 
-RUNS_DIR holds one folder per run named ``<model>_a<attributes>`` (``results/facts_cpu/calibration``: ``dense_a8``,
-``stablemoe_a16``, ...), each with the ``summary.json`` of a facts run (``data.corpus=facts``). Writes
+RUNS_DIR holds one folder per run named ``<method>_a<attributes>`` (a method of compare/methods.py, or ``wider`` for
+``dense_wider``; ``results/facts_cpu/calibration``: ``dense_a8``, ``stablemoe_a16``, ...), each with the ``summary.json`` of a facts run (``data.corpus=facts``). Writes
 ``capacity_curve.{json,md,png}`` to DIR (RUNS_DIR by default): recall and value NLL per model and corpus size, and
 for the learned routers P(forget | route changed) / P(forget | route kept) at each size. Where the dense model's
 recall falls and the wider one's does not is the regime the MoEs are compared in.
@@ -16,37 +16,38 @@ import pathlib
 import re
 
 from stablemoe_jax.analysis import plot
+from stablemoe_jax.compare.methods import METHODS
 from stablemoe_jax.core.summary import RunSummary
 
-# Model prefix of a run folder -> its label, in the order the tables list them.
-MODELS = {"dense": "dense (the MoE's shared layers)",
-          "wider": "dense of the MoE's total parameters",
-          "stablemoe": "StableMoE",
-          "switch": "Switch"}
-ROUTED = ("stablemoe", "switch")  # the models whose facts have a route to change
+# A run folder's model is a comparison method (compare/methods.py: its label names the row); "wider" is the folder
+# prefix of the dense model of the MoE's total parameters.
+ALIASES = {"wider": "dense_wider"}
 RUN_NAME = re.compile(r"(?P<model>[a-z]+)_a(?P<attributes>\d+)")
 
 
 def curve_points(runs_dir: pathlib.Path) -> dict[str, list[dict]]:
-  """{model: [point, ...] by number of facts}; a point: lines (facts at one phrasing each), recall, value_nll,
-  p_forget_changed, p_forget_kept (None without a learned router), train_seconds, run (the folder's name)."""
+  """{method: [point, ...] by number of facts}, methods in compare/methods.py's order; a point: lines (facts at one
+  phrasing each), recall, value_nll, p_forget_changed, p_forget_kept (None: no route changed), routed (the run has an
+  MoE layer), train_seconds, run (the folder's name)."""
   points: dict[str, list[dict]] = {}
   for run in sorted(runs_dir.iterdir()):
     match = RUN_NAME.fullmatch(run.name)
-    if not (match and match["model"] in MODELS and (run / "summary.json").is_file()):  # not a run of the curve
+    method = match and ALIASES.get(match["model"], match["model"])
+    if not (method in METHODS and (run / "summary.json").is_file()):  # not a run of the curve
       continue
     summary = RunSummary.load(run / "summary.json")
     facts = summary.facts
-    points.setdefault(match["model"], []).append({
+    points.setdefault(method, []).append({
         "run": run.name, "lines": facts["lines"], "recall": facts["final"]["facts/recall"],
         "value_nll": facts["final"]["facts/value_nll"],
         "p_forget_changed": facts["forgetting"]["p_forget_changed"],
         "p_forget_kept": facts["forgetting"]["p_forget_kept"],
+        "routed": any(key.endswith("/value_experts") for key in facts["final"]),
         "train_seconds": summary.train_seconds})
   if not points:
-    raise ValueError(f"{runs_dir} holds no facts run named <model>_a<attributes> (model one of "
-                     f"{', '.join(MODELS)}) with a summary.json")
-  return {model: sorted(points[model], key=lambda p: p["lines"]) for model in MODELS if model in points}
+    raise ValueError(f"{runs_dir} holds no facts run named <method>_a<attributes> (a method of "
+                     f"compare/methods.py, or wider) with a summary.json")
+  return {method: sorted(points[method], key=lambda p: p["lines"]) for method in METHODS if method in points}
 
 
 def _share(value: float | None) -> str:
@@ -61,13 +62,13 @@ def _table(points: dict[str, list[dict]], cell) -> list[str]:
   for model, model_points in points.items():
     by_size = {p["lines"]: p for p in model_points}
     cells = [cell(by_size[size]) if size in by_size else "" for size in sizes]
-    lines.append(f"| {MODELS[model]} | " + " | ".join(cells) + " |")
+    lines.append(f"| {METHODS[model].label} | " + " | ".join(cells) + " |")
   return lines
 
 
 def markdown(points: dict[str, list[dict]]) -> str:
   """The curve's tables: recall (value NLL), and forgetting by route change for the routed models."""
-  routed = {m: p for m, p in points.items() if m in ROUTED}
+  routed = {m: p for m, p in points.items() if any(q["routed"] for q in p)}
   text = ["# Capacity curve: recall against the number of facts", "",
           "Final recall (greedy, every fact) and the value tokens' NLL, one seed per point:", "",
           *_table(points, lambda p: f"{p['recall']:.1%} ({p['value_nll']:.3f})"), "",
@@ -84,7 +85,7 @@ def write_plot(points: dict[str, list[dict]], path: pathlib.Path) -> None:
   figure, axes = plt.subplots(figsize=(6.5, 4.2))
   for model, model_points in points.items():
     axes.plot([p["lines"] for p in model_points], [100 * p["recall"] for p in model_points], marker="o",
-              label=MODELS[model])
+              label=METHODS[model].label)
   axes.set_xscale("log", base=2)
   sizes = sorted({p["lines"] for model in points.values() for p in model})
   axes.set_xticks(sizes, [f"{size:,}" for size in sizes])

@@ -12,11 +12,12 @@ from tests.conftest import REPO
 CALIBRATION = REPO / "results" / "facts_cpu" / "calibration"
 
 
-def _run(root, name, lines, recall, nll, changed=None, kept=0.05, seconds=100.0):
+def _run(root, name, lines, recall, nll, changed=None, kept=0.05, seconds=100.0, routed=False):
   run = root / name
   run.mkdir()
+  final = {"facts/recall": recall, "facts/value_nll": nll, **({"facts/moe_0/value_experts": 3.0} if routed else {})}
   summary = {"train_seconds": seconds,
-             "facts": {"lines": lines, "final": {"facts/recall": recall, "facts/value_nll": nll},
+             "facts": {"lines": lines, "final": final,
                        "forgetting": {"p_forget_changed": changed, "p_forget_kept": kept}}}
   (run / "summary.json").write_text(json.dumps(summary))
 
@@ -24,25 +25,28 @@ def _run(root, name, lines, recall, nll, changed=None, kept=0.05, seconds=100.0)
 def test_points_and_tables_by_hand(tmp_path):
   _run(tmp_path, "dense_a8", 800, 0.25, 2.0)
   _run(tmp_path, "dense_a4", 400, 0.875, 0.25, seconds=1234.4)
-  _run(tmp_path, "switch_a8", 800, 0.5, 1.125, changed=0.375, kept=0.0625)
-  _run(tmp_path, "hash_a8", 800, 0.5, 1.0)  # not a model of the curve
+  _run(tmp_path, "switch_a8", 800, 0.5, 1.125, changed=0.375, kept=0.0625, routed=True)
+  _run(tmp_path, "wider_a8", 800, 1.0, 0.0)  # the folder prefix of dense_wider
+  _run(tmp_path, "nosuchmethod_a8", 800, 0.5, 1.0)  # not a method: not a run of the curve
   (tmp_path / "notes").mkdir()  # not a run
   points = facts_curve.curve_points(tmp_path)
-  assert list(points) == ["dense", "switch"]  # the curve's order, not the folders'
+  assert list(points) == ["switch", "dense", "dense_wider"]  # compare/methods.py's order, not the folders'
   assert [p["run"] for p in points["dense"]] == ["dense_a4", "dense_a8"]  # by size
   text = facts_curve.markdown(points)
+  dense = "| dense Transformer (same shared layers) |"
   assert "| model | 400 facts | 800 facts |" in text
-  assert "| dense (the MoE's shared layers) | 87.5% (0.250) | 25.0% (2.000) |" in text
-  assert "| Switch |  | 50.0% (1.125) |" in text  # no point at 400: an empty cell
-  assert "| Switch | 37.5% / 6.2% |" in text  # the forgetting table: routed models only, their sizes only
-  assert "| dense (the MoE's shared layers) | 1,234 | 100 |" in text
-  assert text.count("| dense (the MoE's shared layers) |") == 2  # recall and seconds, not forgetting
+  assert f"{dense} 87.5% (0.250) | 25.0% (2.000) |" in text
+  assert "| Switch Transformer |  | 50.0% (1.125) |" in text  # no point at 400: an empty cell
+  assert "| Switch Transformer | 37.5% / 6.2% |" in text  # the forgetting table: routed runs only, their sizes only
+  assert "| dense wider (MoE total params) |  | 100.0% (0.000) |" in text
+  assert f"{dense} 1,234 | 100 |" in text
+  assert text.count(dense) == 2  # recall and seconds, not forgetting
 
 
 def test_written_files(tmp_path):
   runs = tmp_path / "runs"
   runs.mkdir()
-  _run(runs, "stablemoe_a2", 200, 1.0, 0.0, changed=None, kept=0.0)
+  _run(runs, "stablemoe_a2", 200, 1.0, 0.0, changed=None, kept=0.0, routed=True)
   facts_curve.main([str(runs), "--out", str(tmp_path / "out")])
   assert json.loads((tmp_path / "out" / "capacity_curve.json").read_text())["stablemoe"][0]["recall"] == 1.0
   assert (tmp_path / "out" / "capacity_curve.png").stat().st_size > 1000

@@ -15,13 +15,19 @@ def _mean_or_none(values: list) -> float | None:
   return float(np.mean(values)) if values else None
 
 
+def value_experts(final: dict) -> list[float]:
+  """Each MoE layer's experts the facts' value-predicting tokens use (exp of their load's entropy), from a facts
+  summary's ``final`` metrics; [] for a model without an MoE layer."""
+  return [v for k, v in final.items() if k.endswith("/value_experts")]
+
+
 def facts_cells(summaries: list[RunSummary]) -> dict:
   """A method row's facts entries ({} when its runs have no facts summary)."""
   if not all(s.facts is not None for s in summaries):
     return {}
   finals = [s.facts["final"] for s in summaries]
   recall = [f["facts/recall"] for f in finals]
-  experts = [[v for k, v in f.items() if k.endswith("/value_experts")] for f in finals]
+  experts = [value_experts(f) for f in finals]
   forgetting = [s.facts["forgetting"] for s in summaries]
   return {"facts_recall": recall, "facts_recall_mean": float(np.mean(recall)),
           "facts_recall_std": float(np.std(recall, ddof=1)) if len(recall) > 1 else 0.0,
@@ -32,7 +38,8 @@ def facts_cells(summaries: list[RunSummary]) -> dict:
           "facts_route_changing": [s.facts["route_changing_after"] for s in summaries]}
 
 
-def _share(value: float | None) -> str:
+def share_cell(value: float | None) -> str:
+  """A share as a percentage cell, "--" for None (no fact at risk)."""
   return "--" if value is None else f"{value:.1%}"
 
 
@@ -47,6 +54,6 @@ def facts_columns(columns: list[tuple[str, Callable[[dict], str]]]) -> list[tupl
            ("value NLL", lambda r: f"{r['facts_value_nll_mean']:.3f}"),
            ("experts the facts use", lambda r: "--" if r["facts_value_experts"] is None
             else f"{r['facts_value_experts']:.1f}"),
-           ("forgetting: route changed / kept", lambda r: f"{_share(r['facts_p_forget_changed'])} / "
-                                                           f"{_share(r['facts_p_forget_kept'])}")]
+           ("forgetting: route changed / kept", lambda r: f"{share_cell(r['facts_p_forget_changed'])} / "
+                                                           f"{share_cell(r['facts_p_forget_kept'])}")]
   return [column for header, cell in columns for column in (facts if header == "test PPL" else [(header, cell)])]

@@ -3,7 +3,8 @@
     python -m stablemoe_jax.compare.facts_curve RUNS_DIR [--out DIR]
 
 RUNS_DIR holds one folder per run named ``<method>_a<attributes>`` (a method of compare/methods.py, or ``wider`` for
-``dense_wider``; ``results/facts_cpu/calibration``: ``dense_a8``, ``stablemoe_a16``, ...), each with the ``summary.json`` of a facts run (``data.corpus=facts``). Writes
+``dense_wider``; ``results/facts_cpu/calibration``: ``dense_a8``, ``stablemoe_a16``, ...), each with the
+``summary.json`` of a facts run (``data.corpus=facts``). Writes
 ``capacity_curve.{json,md,png}`` to DIR (RUNS_DIR by default): recall and value NLL per model and corpus size, and
 for the learned routers P(forget | route changed) / P(forget | route kept) at each size. Where the dense model's
 recall falls and the wider one's does not is the regime the MoEs are compared in.
@@ -16,13 +17,14 @@ import pathlib
 import re
 
 from stablemoe_jax.analysis import plot
+from stablemoe_jax.compare.facts_cells import share_cell, value_experts
 from stablemoe_jax.compare.methods import METHODS
 from stablemoe_jax.core.summary import RunSummary
 
 # A run folder's model is a comparison method (compare/methods.py: its label names the row); "wider" is the folder
 # prefix of the dense model of the MoE's total parameters.
 ALIASES = {"wider": "dense_wider"}
-RUN_NAME = re.compile(r"(?P<model>[a-z]+)_a(?P<attributes>\d+)")
+RUN_NAME = re.compile(r"(?P<model>[a-z0-9_]+?)_a(?P<attributes>\d+)")  # method names hold underscores
 
 
 def curve_points(runs_dir: pathlib.Path) -> dict[str, list[dict]]:
@@ -42,7 +44,7 @@ def curve_points(runs_dir: pathlib.Path) -> dict[str, list[dict]]:
         "value_nll": facts["final"]["facts/value_nll"],
         "p_forget_changed": facts["forgetting"]["p_forget_changed"],
         "p_forget_kept": facts["forgetting"]["p_forget_kept"],
-        "routed": any(key.endswith("/value_experts") for key in facts["final"]),
+        "routed": bool(value_experts(facts["final"])),
         "train_seconds": summary.train_seconds})
   if not points:
     raise ValueError(f"{runs_dir} holds no facts run named <method>_a<attributes> (a method of "
@@ -50,13 +52,14 @@ def curve_points(runs_dir: pathlib.Path) -> dict[str, list[dict]]:
   return {method: sorted(points[method], key=lambda p: p["lines"]) for method in METHODS if method in points}
 
 
-def _share(value: float | None) -> str:
-  return "--" if value is None else f"{value:.1%}"
+def _sizes(points: dict[str, list[dict]]) -> list[int]:
+  """Every corpus size (facts) of any model's points, ascending."""
+  return sorted({p["lines"] for model in points.values() for p in model})
 
 
 def _table(points: dict[str, list[dict]], cell) -> list[str]:
   """A markdown table: a row per model, a column per corpus size, ``cell(point)`` where the model has one."""
-  sizes = sorted({p["lines"] for model in points.values() for p in model})
+  sizes = _sizes(points)
   lines = ["| model | " + " | ".join(f"{size:,} facts" for size in sizes) + " |",
            "|---|" + "---|" * len(sizes)]
   for model, model_points in points.items():
@@ -73,7 +76,7 @@ def markdown(points: dict[str, list[dict]]) -> str:
           "Final recall (greedy, every fact) and the value tokens' NLL, one seed per point:", "",
           *_table(points, lambda p: f"{p['recall']:.1%} ({p['value_nll']:.3f})"), "",
           "P(forget | route changed) / P(forget | route kept) over the run's evaluation points:", "",
-          *_table(routed, lambda p: f"{_share(p['p_forget_changed'])} / {_share(p['p_forget_kept'])}"), "",
+          *_table(routed, lambda p: f"{share_cell(p['p_forget_changed'])} / {share_cell(p['p_forget_kept'])}"), "",
           "Training seconds (the machine's load varied; not a speed measurement):", "",
           *_table(points, lambda p: f"{p['train_seconds']:,.0f}"), ""]
   return "\n".join(text)
@@ -87,7 +90,7 @@ def write_plot(points: dict[str, list[dict]], path: pathlib.Path) -> None:
     axes.plot([p["lines"] for p in model_points], [100 * p["recall"] for p in model_points], marker="o",
               label=METHODS[model].label)
   axes.set_xscale("log", base=2)
-  sizes = sorted({p["lines"] for model in points.values() for p in model})
+  sizes = _sizes(points)
   axes.set_xticks(sizes, [f"{size:,}" for size in sizes])
   axes.set_xlabel("facts in the corpus (same steps for every size)")
   axes.set_ylabel("facts recalled at the end (%)")

@@ -27,10 +27,11 @@ def test_points_and_tables_by_hand(tmp_path):
   _run(tmp_path, "dense_a4", 400, 0.875, 0.25, seconds=1234.4)
   _run(tmp_path, "switch_a8", 800, 0.5, 1.125, changed=0.375, kept=0.0625, routed=True)
   _run(tmp_path, "wider_a8", 800, 1.0, 0.0)  # the folder prefix of dense_wider
+  _run(tmp_path, "dense_flops_a8", 800, 0.375, 1.5)  # a method whose name holds an underscore
   _run(tmp_path, "nosuchmethod_a8", 800, 0.5, 1.0)  # not a method: not a run of the curve
   (tmp_path / "notes").mkdir()  # not a run
   points = facts_curve.curve_points(tmp_path)
-  assert list(points) == ["switch", "dense", "dense_wider"]  # compare/methods.py's order, not the folders'
+  assert list(points) == ["switch", "dense", "dense_wider", "dense_flops"]  # methods.py's order, not the folders'
   assert [p["run"] for p in points["dense"]] == ["dense_a4", "dense_a8"]  # by size
   text = facts_curve.markdown(points)
   dense = "| dense Transformer (same shared layers) |"
@@ -39,6 +40,7 @@ def test_points_and_tables_by_hand(tmp_path):
   assert "| Switch Transformer |  | 50.0% (1.125) |" in text  # no point at 400: an empty cell
   assert "| Switch Transformer | 37.5% / 6.2% |" in text  # the forgetting table: routed runs only, their sizes only
   assert "| dense wider (MoE total params) |  | 100.0% (0.000) |" in text
+  assert "|  | 37.5% (1.500) |" in text  # dense_flops's row
   assert f"{dense} 1,234 | 100 |" in text
   assert text.count(dense) == 2  # recall and seconds, not forgetting
 

@@ -66,12 +66,12 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
            f"non-overlapping blocks, a smaller stride sliding windows (e.g. --config.eval.stride=64).")
   _require(run.eval.max_batches >= 0,
            f"eval.max_batches={run.eval.max_batches} must be >= 0 (0: the whole split).")
-  model_checks.check_model(config, data_vocab_size)
-  health_lib.check_config(config)
-  analysis_checks.check_config(config)
+  model_checks.check_model(model, data_vocab_size)
+  health_lib.check_config(run)
+  analysis_checks.check_config(run)
   if device_count is not None:  # the layout before the groups' own checks: a resolved G names the devices it fits
     model_checks.check_devices(config, device_count)
-  model_checks.check_moe(config)
+  model_checks.check_moe(run)
   if task == "lm" and run.data.corpus == "facts":
     from stablemoe_jax.data.lm import facts  # pylint: disable=import-outside-toplevel
     facts.check_settings(run.data.facts, {"train.seq_len": run.train.seq_len, "eval.seq_len": run.eval.seq_len})
@@ -83,7 +83,7 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
     from stablemoe_jax.tasks import translation as translation_task
     translation_task.check_config(config)
   if device_count is not None:
-    analysis_checks.check_devices(config, device_count)
+    analysis_checks.check_devices(run, device_count)
 
 
 def _glob_overrides(data, keys: tuple[str, ...]) -> str:
@@ -127,4 +127,4 @@ def check_backend(config, backend: str) -> None:
 
   Separate from :func:`validate_config`, which cannot know the machine: call it where the model is built.
   """
-  model_checks.check_backend(config, backend)
+  model_checks.check_backend(settings_lib.from_config(config).model, backend)

@@ -72,7 +72,7 @@ class Experiment:
       (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     self.model = self.task.build_model(self.settings.model)
     self.sample_inputs = self.task.sample_inputs(self.settings)
-    self.tx = make_optimizer(config.train)
+    self.tx = make_optimizer(self.settings.train)
     self.checkpointer = ckpt_lib.Checkpointer(
         self.workdir / "checkpoints", config, keep=config.train.keep_checkpoints
     )
@@ -100,7 +100,7 @@ class Experiment:
     """
     state = create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len, self.mesh,
                                self.sample_inputs, self.state_shardings)
-    params = routers.fill_tables_from_data(state.params, self.config.model, self.train_token_counts)
+    params = routers.fill_tables_from_data(state.params, self.settings.model, self.train_token_counts)
     if params is not state.params:
       state = state.replace(params=jax.device_put(params, self.state_shardings.params))
     return state
@@ -112,7 +112,7 @@ class Experiment:
     return self._train_token_counts
 
   def jit_train_step(self):
-    return mesh_lib.under_mesh(self.mesh, jit_train_step(self.model, self.tx, self.config, self.mesh,
+    return mesh_lib.under_mesh(self.mesh, jit_train_step(self.model, self.tx, self.settings, self.mesh,
                                                          self.state_shardings, self.task))
 
   def train_batches(self):
@@ -215,7 +215,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   facts_probe = FactsProbe(view, start)  # data.corpus=facts: every fact's recall and route at each evaluation point
   is_chief = jax.process_index() == 0
   writer = MetricWriter(exp.workdir, resume_step=start) if is_chief else None
-  guard = health_lib.CollapseGuard(health_lib.GuardSettings.from_config(cfg), start)
+  guard = health_lib.CollapseGuard(health_lib.GuardSettings.from_settings(exp.settings), start)
   # Training seconds and scored tokens continue from the runs this one resumes (logged with every window,
   # evaluation and checkpoint, so a resumption continues both counts exactly).
   train_seconds_before = (last_logged(exp.workdir, "train_seconds", start) or 0.0) if start else 0.0

@@ -12,6 +12,7 @@ from stablemoe_jax.core.errors import NonFiniteLossError
 from stablemoe_jax.experiment import actions, loop
 from stablemoe_jax.experiment.clock import TrainClock
 from stablemoe_jax.train import health
+from stablemoe_jax.core.settings import from_config
 
 
 class FakeTime:
@@ -68,7 +69,7 @@ class _Progress:
 
 def _run(wall: FakeTime) -> actions.RunRecord:
   clock = TrainClock(now=wall)
-  guard = health.CollapseGuard(health.GuardSettings.from_config(make_tiny_config("/nowhere")), 0)
+  guard = health.CollapseGuard(health.GuardSettings.from_settings(from_config(make_tiny_config("/nowhere"))), 0)
   return actions.RunRecord(evaluate=None, routing_agreement=None, eval_batches=0, checkpointer=None,
                            writer=_Writer(), progress=_Progress(), guard=guard, clock=clock,
                            window=actions.Window(clock), tokens_per_step=64, trained_tokens=10.0,

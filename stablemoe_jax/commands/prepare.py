@@ -14,6 +14,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from stablemoe_jax import cli
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.constants import task_name
 from stablemoe_jax.data.prepare import lm as lm_prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
@@ -28,9 +29,10 @@ def main(argv: list[str]) -> None:
                     f.workers, f.skip_bad_files, f.beam_args)
   if task_name(f.config) == 'translation':
     validate_config(f.config)  # Before any work: the config main will be run with (pairs, files' globs, ...).
-    report = prepare_translation.prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)
+    report = prepare_translation.prepare(settings_lib.from_config(f.config).data, pathlib.Path(f.workdir) / 'data',
+                                         options)
   else:
-    report = lm_prepare.prepare(f.config.data, pathlib.Path(f.workdir) / 'data', options)
+    report = lm_prepare.prepare(settings_lib.from_config(f.config).data, pathlib.Path(f.workdir) / 'data', options)
   print(json.dumps(report))
 
 

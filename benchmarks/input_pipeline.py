@@ -1,4 +1,4 @@
-"""The training input pipeline alone (a fake step: no model), on shards written by `stablemoe_jax.data.prepare`.
+"""The training input pipeline alone (a fake step: no model), on shards written by `stablemoe_jax.prepare`.
 
 Per setting: tokens/s of `train_iterator` batches [B, S] after a warm-up, for grain's read threads
 (`ReadOptions(num_threads, prefetch_buffer_size)`) and optional worker processes (`mp_prefetch`); then the

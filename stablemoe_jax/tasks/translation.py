@@ -82,7 +82,7 @@ class TranslationTask:
         wmt.require_prepared(data)
       raise data_lib.DataNotFoundError(
           f"data.corpus={corpus!r}: nothing prepared in {prepared_dir}; first run `python -m "
-          f"stablemoe_jax.data.prepare --config CONFIG --workdir WORKDIR` with this config and workdir.")
+          f"stablemoe_jax.prepare --config CONFIG --workdir WORKDIR` with this config and workdir.")
     return data_lib.load_translation_data(data, pathlib.Path(prepared_dir))
 
   def build_model(self, model: settings_lib.ModelSettings):

@@ -35,7 +35,7 @@ def parse(data: LMDataSettings) -> dict[str, str]:
     return {}
   corpus = data.corpus
   if corpus != "files":
-    raise ConfigError(f"data.eval_sets is read from shards that `python -m stablemoe_jax.data.prepare` writes: it "
+    raise ConfigError(f"data.eval_sets is read from shards that `python -m stablemoe_jax.prepare` writes: it "
                       f"needs data.corpus='files' (configs/lm_files.py), not {corpus!r}; or set data.eval_sets=''.")
   sets: dict[str, str] = {}
   for entry in entries:

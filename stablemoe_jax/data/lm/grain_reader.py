@@ -110,7 +110,7 @@ def load(prepared_dir: pathlib.Path, data: LMDataSettings, in_memory: bool | Non
   """
 
   manifest = json.loads((prepared_dir / prepared.MANIFEST).read_text())
-  fix = (f'Run `python -m stablemoe_jax.data.prepare` again with this config and --workdir, '
+  fix = (f'Run `python -m stablemoe_jax.prepare` again with this config and --workdir, '
          f'or use a new --workdir.')
   wanted = prepared.settings(data)
   differ = [f'data.{k}={v!r} but they were prepared with {manifest.get(k)!r}'
@@ -122,7 +122,7 @@ def load(prepared_dir: pathlib.Path, data: LMDataSettings, in_memory: bool | Non
   if unprepared:
     raise prepared.PreparedDataMismatchError(
         f'data.eval_sets names split(s) {", ".join(unprepared)} that the shards in {prepared_dir} were not prepared '
-        f'with (prepared: {", ".join(manifest["shards"])}). Run `python -m stablemoe_jax.data.prepare` again with '
+        f'with (prepared: {", ".join(manifest["shards"])}). Run `python -m stablemoe_jax.prepare` again with '
         f'this data.eval_sets and --workdir, or use a new --workdir.')
   try:  # Only stat() here: a run's start must not read the inputs (prepare's names also hash their heads).
     now = {split: [shards.file_stat(p) for p in paths] for split, paths in prepared.split_inputs(data).items()}

@@ -62,7 +62,7 @@ def load_lm_data(data: LMDataSettings, prepared_dir: pathlib.Path) -> LMData | f
       'files' | 'facts'), `data_dir` ('' = $STABLEMOE_DATA_DIR), `tokenizer`
       ('word' | 'sentencepiece'), `sentencepiece_vocab_size`, ...
     prepared_dir: the run's prepared-data directory (e.g. workdir/data). If
-      `python -m stablemoe_jax.data.prepare` wrote shards there, those are
+      `python -m stablemoe_jax.prepare` wrote shards there, those are
       used (`grain_reader.load`); otherwise it gets
       `tokenizer/`, `tfds/` and `prepared.json`. Reused on later calls (a resumed run).
       With several processes sharing one directory, let process 0 call this
@@ -80,12 +80,12 @@ def load_lm_data(data: LMDataSettings, prepared_dir: pathlib.Path) -> LMData | f
   prepared_dir = pathlib.Path(prepared_dir)
   if data.corpus == 'facts':  # generated in memory from data.facts: nothing to read or prepare
     return facts.FactsData(data.facts)
-  if prepared.is_sharded(prepared_dir):  # Written by `python -m stablemoe_jax.data.prepare`: use them.
+  if prepared.is_sharded(prepared_dir):  # Written by `python -m stablemoe_jax.prepare`: use them.
     return grain_reader.load(prepared_dir, data)
   corpus, kind = data.corpus, data.tokenizer
   if corpus == 'files':
     raise locate.DataNotFoundError(
-        f'data.corpus=files is prepared by `python -m stablemoe_jax.data.prepare --config CONFIG --workdir DIR` '
+        f'data.corpus=files is prepared by `python -m stablemoe_jax.prepare --config CONFIG --workdir DIR` '
         f'first; {prepared_dir} holds no prepared shards.')
   if corpus not in locate.CORPORA:
     raise ValueError(f'Unknown data.corpus {corpus!r}; allowed: {", ".join(locate.CORPORA)}.')

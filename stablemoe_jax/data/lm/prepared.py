@@ -28,7 +28,7 @@ from stablemoe_jax.data.lm import eval_sets
 from stablemoe_jax.data.lm.stream import FieldSource, RecordSource
 
 MANIFEST = 'prepared.json'
-SHARDS_FORMAT = 'shards'  # The manifest's 'format' when `stablemoe_jax.data.prepare` wrote it.
+SHARDS_FORMAT = 'shards'  # The manifest's 'format' when `stablemoe_jax.prepare` wrote it.
 
 
 class PreparedDataMismatchError(locate.DataError):
@@ -75,7 +75,7 @@ def has_manifest(prepared_dir: pathlib.Path) -> bool:
 
 
 def is_sharded(prepared_dir: pathlib.Path) -> bool:
-  """Whether the manifest was written by `stablemoe_jax.data.prepare` (shards, read by `grain_reader`)."""
+  """Whether the manifest was written by `stablemoe_jax.prepare` (shards, read by `grain_reader`)."""
   path = prepared_dir / MANIFEST
   return path.is_file() and json.loads(path.read_text()).get('format') == SHARDS_FORMAT
 

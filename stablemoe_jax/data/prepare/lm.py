@@ -1,4 +1,4 @@
-"""Preparing a language-model corpus at any size (`python -m stablemoe_jax.data.prepare`, `__main__.py`).
+"""Preparing a language-model corpus at any size (`python -m stablemoe_jax.prepare`, `stablemoe_jax/prepare.py`).
 
 Prepares what `main` trains on, into `DIR/data` (the workdir `main` is then run
 with): the tokenizer in `DIR/data/tokenizer`, the tokenized shards in

@@ -217,7 +217,7 @@ def test_a_set_that_was_not_prepared_stops_main_with_exit_2(small_run):
                           cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 2, result.stderr[-2000:]
   error = result.stderr.strip().splitlines()
-  assert len(error) == 1 and "valid@extra, test@extra" in error[0] and "data.prepare" in error[0]
+  assert len(error) == 1 and "valid@extra, test@extra" in error[0] and "python -m stablemoe_jax.prepare" in error[0]
   assert not (workdir / "metrics.jsonl").exists() and not list((workdir / "checkpoints").glob("*"))
 
 
@@ -230,7 +230,7 @@ def test_the_preset_end_to_end_reports_every_sources_perplexity(tmp_path):
                                      text=True, timeout=900)
   small = ["--config.data.sentencepiece_vocab_size=600"]
   steps = [("stablemoe_jax.data.prepare.union_corpus", "--data_dir", str(SHARED_DATA), "--out", "runs/union_corpus"),
-           ("stablemoe_jax.data.prepare", "--config", "configs/lm_multi_cpu.py", "--workdir", "runs/lm_multi",
+           ("stablemoe_jax.prepare", "--config", "configs/lm_multi_cpu.py", "--workdir", "runs/lm_multi",
             "--workers", "0", "--sentencepiece_sample_lines=20000", *small),
            ("stablemoe_jax.main", "--config", "configs/lm_multi_cpu.py", "--workdir", "runs/lm_multi", *small,
             *tiny_flags(steps=4, stage1_steps=2, warmup_steps=1, log_every=2, checkpoint_every=2))]

@@ -1,4 +1,4 @@
-"""`python -m stablemoe_jax.data.prepare`: Beam workers, resume, invalidation, memory, bad input.
+"""`python -m stablemoe_jax.prepare`: Beam workers, resume, invalidation, memory, bad input.
 
 A tiny corpus cut from PTB (train: a plain file of ~9 byte-range shards and a
 .gz file that is one larger shard; valid and test: one file each) keeps every
@@ -174,7 +174,7 @@ def test_an_empty_split_is_one_line(corpus, tmp_path):
 @pytest.mark.slow
 def test_kill_9_mid_preparation_then_rerun_redoes_only_unfinished_shards(ptb_dir, tmp_path):
   """The command itself, killed with SIGKILL after some shards are done, then run again."""
-  command = [sys.executable, '-m', 'stablemoe_jax.data.prepare', '--config', 'configs/default.py',
+  command = [sys.executable, '-m', 'stablemoe_jax.prepare', '--config', 'configs/default.py',
              f'--config.data.data_dir={ptb_dir}', '--workers=0', '--shard_mb=0.05', '--batch_lines=20']
   env = dict(os.environ, PYTHONPATH=str(REPO))
   reference = tmp_path / 'reference'

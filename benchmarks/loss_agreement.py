@@ -69,10 +69,11 @@ def synthetic_batches(steps: int, batch_size: int, seq_len: int, vocab_size: int
 
 def corpus_batches(config: ml_collections.ConfigDict, steps: int) -> tuple[list[dict], int]:
   """The first ``steps`` train batches of the config's corpus, and its vocabulary size."""
+  from stablemoe_jax.core.settings import from_config
   from stablemoe_jax.data.lm import pipeline as data_lib  # needs the data pipeline's packages (grain); synthetic does not
 
   workdir = pathlib.Path(tempfile.mkdtemp(prefix="loss_agreement_"))
-  data = data_lib.load_lm_data(config.data, workdir / "data")
+  data = data_lib.load_lm_data(from_config(config).data, workdir / "data")
   iterator = data.train_iterator(config.train.batch_size, config.train.seq_len, config.seed)
   return [next(iterator) for _ in range(steps)], data.vocab_size
 

@@ -5,8 +5,9 @@ The whole-config check, above the modules that own each section: it checks the s
 reported): ``models/checks.py`` (``model``, ``model.moe``, the routers, ``mesh.expert``), ``train/health.py``
 (``health``), ``analysis/recorder.py`` (``analysis``), ``tasks/translation.py`` (``data``, ``decode`` of a
 translation config). With ``device_count`` it adds what a launch on that many devices needs (the launch and
-``--mode=plan`` call it alike); ``check_prepared`` stops a run whose corpus only ``data.prepare`` prepares, naming
-that command. Imported by the runners (``experiment/loop.py``, ``experiment/plan.py``) and the entry points only.
+``--mode=plan`` call it alike); ``check_prepared`` stops a run whose corpus only ``python -m stablemoe_jax.prepare``
+prepares, naming that command. Imported by the runners (``experiment/loop.py``, ``experiment/plan.py``) and the entry
+points only.
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def _glob_overrides(data, keys: tuple[str, ...]) -> str:
 
 def check_prepared(config, workdir, config_arg: str = "CONFIG") -> None:
   """Raises DataNotFoundError unless ``workdir/data`` holds the corpus of a config that only
-  ``python -m stablemoe_jax.data.prepare`` prepares (``data.corpus=files`` of either task, WMT); one line naming that
+  ``python -m stablemoe_jax.prepare`` prepares (``data.corpus=files`` of either task, WMT); one line naming that
   command with ``config_arg`` (the ``--config`` given), made before anything is written, prepared or compiled.
   Other corpora (PTB, ``text``, Multi30k + Bible) are prepared by the run itself."""
   data, prepared_dir = settings_lib.from_config(config).data, pathlib.Path(workdir) / "data"
@@ -118,7 +119,7 @@ def check_prepared(config, workdir, config_arg: str = "CONFIG") -> None:
     return
   raise DataNotFoundError(
       f"data.corpus={corpus!r} is read from shards that {prepared_dir} does not hold: prepare them first with "
-      f"`python -m stablemoe_jax.data.prepare --config {config_arg} --workdir {workdir} --workers 8{inputs}` "
+      f"`python -m stablemoe_jax.prepare --config {config_arg} --workdir {workdir} --workers 8{inputs}` "
       f"(docs/data.md), then run this command again (the config's other overrides on both).")
 
 

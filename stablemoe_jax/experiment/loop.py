@@ -50,7 +50,7 @@ class Experiment:
     config = mesh_lib.resolve_layout(config, jax.device_count(), recorded)
     validate_config(config, device_count=jax.device_count())
     check_backend(config, jax.default_backend())
-    check_prepared(config, self.workdir)  # a corpus only `data.prepare` prepares: one line naming it
+    check_prepared(config, self.workdir)  # a corpus only `stablemoe_jax.prepare` prepares: one line naming it
     if jax.default_backend() == "cpu":  # every CPU device's state lies in this host's memory
       plan_lib.check_host_memory(config, jax.device_count(), jax.local_device_count(), plan_lib.host_memory_available())
     self.workdir.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
-from stablemoe_jax.core.settings import ModelSettings, typed
+from stablemoe_jax.core.settings import from_config
 
 SYNTHETIC_VOCAB = 1000
 SUCCESSORS = 4  # each token of the synthetic language is followed by one of 4 tokens: ~1.4 nats at best
@@ -84,11 +84,12 @@ def train_losses(config: ml_collections.ConfigDict, batches: list[dict]) -> dict
   check_backend(config, jax.default_backend())
   mesh_lib.check_layout(config, jax.device_count())
   mesh = mesh_lib.make_mesh(config.mesh)
-  model, tx = TransformerLM(typed(ModelSettings, config.model)), make_optimizer(config.train)
+  run = from_config(config)
+  model, tx = TransformerLM(run.model), make_optimizer(run.train)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
   state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, shardings=shardings)
   init = float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(state.params)))
-  step = mesh_lib.under_mesh(mesh, jit_train_step(model, tx, config, mesh, shardings, LanguageModelTask()))
+  step = mesh_lib.under_mesh(mesh, jit_train_step(model, tx, run, mesh, shardings, LanguageModelTask()))
   history = []
   for batch in batches:
     state, metrics = step(state, mesh_lib.to_global(mesh_lib.local_rows(batch), mesh))

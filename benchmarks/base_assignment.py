@@ -24,7 +24,7 @@ from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state
-from stablemoe_jax.core.settings import ModelSettings, typed
+from stablemoe_jax.core.settings import from_config
 
 
 def train_step_seconds(router: str, tokens: int, experts: int, batch: int, repeats: int) -> float:
@@ -33,11 +33,12 @@ def train_step_seconds(router: str, tokens: int, experts: int, batch: int, repea
   config.model.moe.router, config.model.moe.num_experts = router, experts
   config.train.batch_size, config.train.seq_len = batch, tokens // batch
   config.model.max_len = max(config.model.max_len, tokens // batch)
-  model, tx = TransformerLM(typed(ModelSettings, config.model)), make_optimizer(config.train)
+  run = from_config(config)
+  model, tx = TransformerLM(run.model), make_optimizer(run.train)
   state = create_train_state(model, tx, 0, config.train.seq_len)
   ids = jax.random.randint(jax.random.key(1), (batch, tokens // batch + 1), 0, 10000)
   data = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "weights": jnp.ones(ids[:, 1:].shape)}
-  step = jax.jit(make_train_step(model, tx, config, LanguageModelTask()))
+  step = jax.jit(make_train_step(model, tx, run, LanguageModelTask()))
   return time_fn(lambda s: step(s, data)[1]["loss"], state, repeats=repeats)
 
 

@@ -49,6 +49,7 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
+from stablemoe_jax.core.settings import from_config  # noqa: E402
 from stablemoe_jax.data.translation.pipeline import load_translation_data  # noqa: E402
 from stablemoe_jax.decoding.translate_lines import encode_sources, translate_lines  # noqa: E402
 from stablemoe_jax.decoding.translator import decoding_model_config, make_translate_fn  # noqa: E402
@@ -68,7 +69,7 @@ def model_and_data(args):
   workdir = pathlib.Path(args.workdir)
   if args.random_init:
     config = load_config(args.config)
-    data = load_translation_data(config.data, workdir / "data")
+    data = load_translation_data(from_config(config).data, workdir / "data")
     config.model.vocab_size = data.vocab_size
     sample = jnp.zeros((1, config.model.max_len), jnp.int32)
     params = TransformerSeq2Seq(typed(ModelSettings, config.model)).init(jax.random.key(args.seed), sample, sample, jnp.array(True))

@@ -65,7 +65,7 @@ class StepCase:
     batches = self.exp.train_batches()
     self.batches = [mesh_lib.to_global(next(batches), self.exp.mesh) for _ in range(max(scans + [1]))]
     self.step = self.exp.jit_train_step()
-    raw_step = make_train_step(self.exp.model, self.exp.tx, self.exp.config, self.exp.task)
+    raw_step = make_train_step(self.exp.model, self.exp.tx, self.exp.settings, self.exp.task)
 
     def scanned(state, stacked):
       return jax.lax.scan(lambda s, b: raw_step(s, b), state, stacked)

@@ -1,4 +1,4 @@
-"""The training input pipeline alone (a fake step: no model), on shards written by `stablemoe_jax.data.prepare`.
+"""The training input pipeline alone (a fake step: no model), on shards written by `stablemoe_jax.prepare`.
 
 Per setting: tokens/s of `train_iterator` batches [B, S] after a warm-up, for grain's read threads
 (`ReadOptions(num_threads, prefetch_buffer_size)`) and optional worker processes (`mp_prefetch`); then the
@@ -19,10 +19,10 @@ import time
 
 import grain
 from absl import flags
-import ml_collections
 import numpy as np
 
 from benchmarks.json_lines import JsonLines
+from stablemoe_jax.core.settings import LMDataSettings
 from stablemoe_jax.data.lm import grain_reader
 
 
@@ -68,12 +68,12 @@ def main() -> None:
   args = parser.parse_args()
   flags.FLAGS.mark_as_parsed()  # grain's worker processes read absl flags.
   manifest = json.loads((args.prepared / 'prepared.json').read_text())
-  config = ml_collections.ConfigDict(dict(corpus=manifest['corpus'], tokenizer=manifest['tokenizer'],
-                                          sentencepiece_vocab_size=manifest.get('sentencepiece_vocab_size', 0),
-                                          data_dir='/nonexistent', train_files='/nonexistent',
-                                          valid_files='/nonexistent', test_files='/nonexistent'))
+  data_settings = LMDataSettings(corpus=manifest['corpus'], tokenizer=manifest['tokenizer'],
+                                 sentencepiece_vocab_size=manifest.get('sentencepiece_vocab_size', 0),
+                                 data_dir='/nonexistent', train_files='/nonexistent', valid_files='/nonexistent',
+                                 test_files='/nonexistent')
   started = time.perf_counter()
-  data = grain_reader.load(args.prepared, config, {'auto': None, 'yes': True, 'no': False}[args.in_memory])
+  data = grain_reader.load(args.prepared, data_settings, {'auto': None, 'yes': True, 'no': False}[args.in_memory])
   stream = data.stream('train')
   opened = {'train_tokens': len(stream), 'records': stream.num_records, 'in_memory': stream.in_memory,
             'open_s': round(time.perf_counter() - started, 2)}

@@ -1,6 +1,6 @@
 """kill -9 in the middle of a preparation, then the same command again, against an uninterrupted preparation.
 
-Runs `python -m stablemoe_jax.data.prepare ARGS --workdir W/reference`, then the same into W/killed, sends
+Runs `python -m stablemoe_jax.prepare ARGS --workdir W/reference`, then the same into W/killed, sends
 SIGKILL to its whole process group (driver and Beam workers) once `--kill_after` shards are done, runs it
 again, and prints one JSON line: shards done at the kill, shards reused / written by the rerun, whether the
 shards finished before the kill were left untouched, and whether every array_record file and the manifest's
@@ -37,7 +37,7 @@ def main() -> None:
   parser.add_argument('--out', type=pathlib.Path)
   parser.add_argument('args', nargs=argparse.REMAINDER)
   args = parser.parse_args()
-  command = [sys.executable, '-m', 'stablemoe_jax.data.prepare'] + [a for a in args.args if a != '--']
+  command = [sys.executable, '-m', 'stablemoe_jax.prepare'] + [a for a in args.args if a != '--']
   started = time.time()
   subprocess.run(command + [f'--workdir={args.workdir / "reference"}'], check=True, capture_output=True)
   reference_s = time.time() - started

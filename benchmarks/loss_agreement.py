@@ -36,7 +36,7 @@ from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
-from stablemoe_jax.core.settings import ModelSettings, typed
+from stablemoe_jax.core.settings import from_config
 
 SYNTHETIC_VOCAB = 1000
 SUCCESSORS = 4  # each token of the synthetic language is followed by one of 4 tokens: ~1.4 nats at best
@@ -69,10 +69,11 @@ def synthetic_batches(steps: int, batch_size: int, seq_len: int, vocab_size: int
 
 def corpus_batches(config: ml_collections.ConfigDict, steps: int) -> tuple[list[dict], int]:
   """The first ``steps`` train batches of the config's corpus, and its vocabulary size."""
+  from stablemoe_jax.core.settings import from_config
   from stablemoe_jax.data.lm import pipeline as data_lib  # needs the data pipeline's packages (grain); synthetic does not
 
   workdir = pathlib.Path(tempfile.mkdtemp(prefix="loss_agreement_"))
-  data = data_lib.load_lm_data(config.data, workdir / "data")
+  data = data_lib.load_lm_data(from_config(config).data, workdir / "data")
   iterator = data.train_iterator(config.train.batch_size, config.train.seq_len, config.seed)
   return [next(iterator) for _ in range(steps)], data.vocab_size
 
@@ -83,11 +84,12 @@ def train_losses(config: ml_collections.ConfigDict, batches: list[dict]) -> dict
   check_backend(config, jax.default_backend())
   mesh_lib.check_layout(config, jax.device_count())
   mesh = mesh_lib.make_mesh(config.mesh)
-  model, tx = TransformerLM(typed(ModelSettings, config.model)), make_optimizer(config.train)
+  run = from_config(config)
+  model, tx = TransformerLM(run.model), make_optimizer(run.train)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
   state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, shardings=shardings)
   init = float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(state.params)))
-  step = mesh_lib.under_mesh(mesh, jit_train_step(model, tx, config, mesh, shardings, LanguageModelTask()))
+  step = mesh_lib.under_mesh(mesh, jit_train_step(model, tx, run, mesh, shardings, LanguageModelTask()))
   history = []
   for batch in batches:
     state, metrics = step(state, mesh_lib.to_global(mesh_lib.local_rows(batch), mesh))

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from stablemoe_jax.core.settings import MoESettings, typed
 from stablemoe_jax.models import buffers as buffers_lib
 from stablemoe_jax.models import dispatch
 from stablemoe_jax.models import grouped_dispatch
@@ -115,7 +116,7 @@ def main():
           router="stablemoe", num_experts=args.experts, capacity_factor=capacity_factor,
           eval_capacity_factor=capacity_factor, num_groups=args.groups, shuffle_tokens=False, dispatcher=name,
           eval_dispatcher=name, block_size=block_size, stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1)))
-      layer = make_moe_layer(cfg, 10000, args.sublayers, args.d_ff, dtype=dtype)
+      layer = make_moe_layer(typed(MoESettings, cfg), 10000, args.sublayers, args.d_ff, dtype=dtype)
       with jax.set_mesh(mesh):
         params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
 

@@ -152,11 +152,12 @@ def main() -> None:
   batch_config = _load_config(args.batch_config) if args.batch_config else config
   prepared_dir = args.workdir / 'data'
   started = time.time()
-  report = prepare_translation.prepare(config.data, prepared_dir, prepare.Options(workers=args.workers,
-                                                                                  progress=False))
+  data_settings = settings.from_config(config).data
+  report = prepare_translation.prepare(data_settings, prepared_dir, prepare.Options(workers=args.workers,
+                                                                                    progress=False))
   prepare_s = time.time() - started
   started = time.perf_counter()
-  data = data_lib.load_translation_data(config.data, prepared_dir)
+  data = data_lib.load_translation_data(data_settings, prepared_dir)
   records = data.split_sets('train')
   open_s = time.perf_counter() - started
   write_npz(records, args.workdir / 'npz')

@@ -1,6 +1,6 @@
 """Runs a command and reports its wall time and the peak resident memory of its whole process tree.
 
-  python -m benchmarks.peak_memory [--interval 0.5] -- python -m stablemoe_jax.data.prepare ...
+  python -m benchmarks.peak_memory [--interval 0.5] -- python -m stablemoe_jax.prepare ...
 
 Samples every `interval` seconds the summed RSS of the command and all its descendants (Beam's worker
 processes included) and prints one JSON line: {seconds, peak_rss_sum_mib, peak_rss_single_mib, returncode}.

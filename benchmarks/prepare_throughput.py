@@ -16,23 +16,23 @@ import pathlib
 import shutil
 import time
 
-import ml_collections
-
 from benchmarks.json_lines import JsonLines
+from stablemoe_jax.core.settings import LMDataSettings
 from stablemoe_jax.data.prepare import lm as prepare
 
 
-def data_config(inputs: str, valid: str, test: str, tokenizer: str, vocab: int) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(corpus='files', data_dir='', tokenizer=tokenizer, sentencepiece_vocab_size=vocab,
-                                        train_files=inputs, valid_files=valid, test_files=test))
+def data_settings(inputs: str, valid: str, test: str, tokenizer: str, vocab: int) -> LMDataSettings:
+  return LMDataSettings(corpus='files', data_dir='', tokenizer=tokenizer, sentencepiece_vocab_size=vocab,
+                        train_files=inputs, valid_files=valid, test_files=test)
 
 
-def run(config, prepared_dir: pathlib.Path, options: prepare.Options, prepare_fn=prepare.prepare,
+def run(data, prepared_dir: pathlib.Path, options: prepare.Options, prepare_fn=prepare.prepare,
         shards_dir: str = 'shards') -> dict:
-  """Prepares the shards from scratch (`prepare_fn`, the tokenizer kept); throughput from their done markers."""
+  """Prepares the shards of the `data` settings from scratch (`prepare_fn`, the tokenizer kept); throughput from
+  their done markers."""
   shutil.rmtree(prepared_dir / shards_dir, ignore_errors=True)
   started = time.time()
-  report = prepare_fn(config, prepared_dir, options)
+  report = prepare_fn(data, prepared_dir, options)
   wall = time.time() - started
   stats = [json.loads(p.read_text()) for p in (prepared_dir / shards_dir).glob('*/*.json')]
   tokens, lines = sum(s['num_tokens'] for s in stats), sum(s['num_lines'] for s in stats)
@@ -43,12 +43,12 @@ def run(config, prepared_dir: pathlib.Path, options: prepare.Options, prepare_fn
           'max_lines_held': max(s['max_lines_held'] for s in stats)}
 
 
-def run_worker_counts(results: JsonLines, workers: str, fields: dict, config, prepared_dir: pathlib.Path,
+def run_worker_counts(results: JsonLines, workers: str, fields: dict, data, prepared_dir: pathlib.Path,
                       options: prepare.Options, *run_args) -> None:
   """`run` with each of the comma-separated worker counts; the speed-up is against the first."""
   base = None
   for count in map(int, workers.split(',')):
-    result = dict(fields, **run(config, prepared_dir, dataclasses.replace(options, workers=count), *run_args))
+    result = dict(fields, **run(data, prepared_dir, dataclasses.replace(options, workers=count), *run_args))
     base = base or result['wall_s']
     result['speedup_vs_first'] = round(base / result['wall_s'], 2)
     results.add(result)
@@ -68,15 +68,15 @@ def main() -> None:
   args = parser.parse_args()
   results = JsonLines(args.out)
   for kind in args.tokenizers.split(','):
-    config = data_config(args.inputs, args.valid, args.test, kind, args.vocab)
+    data = data_settings(args.inputs, args.valid, args.test, kind, args.vocab)
     prepared_dir = args.workdir / kind
     options = prepare.Options(shard_mb=args.shard_mb, progress=False)
     started = time.time()
-    prepare.prepare_tokenizer(prepare.settings(config), prepare.split_inputs(config)['train'],
+    prepare.prepare_tokenizer(prepare.settings(data), prepare.split_inputs(data)['train'],
                               prepared_dir / 'tokenizer', options.sentencepiece_sample_lines)
     tokenizer_s = time.time() - started
     run_worker_counts(results, args.workers, dict(tokenizer=kind, tokenizer_build_s=round(tokenizer_s, 2)),
-                      config, prepared_dir, options)
+                      data, prepared_dir, options)
   results.save()
 
 

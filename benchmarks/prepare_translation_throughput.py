@@ -18,6 +18,7 @@ import time
 from benchmarks.json_lines import JsonLines
 from benchmarks.prepare_throughput import run_worker_counts
 from configs import mt_cpu
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.data.prepare import lm as prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
 
@@ -42,17 +43,18 @@ def main() -> None:
   args = parser.parse_args()
   corpora = args.workdir / 'corpora'
   repeated_corpora(pathlib.Path(os.environ['STABLEMOE_DATA_DIR']), corpora, args.repeat)
-  config = mt_cpu.get_config().data
-  config.data_dir = str(corpora)
+  config = mt_cpu.get_config()
+  config.data.data_dir = str(corpora)
+  data = from_config(config).data
   options = prepare.Options(shard_pairs=args.shard_pairs, workers=0, progress=False)
   prepared_dir = args.workdir / 'data'
   started = time.time()
-  prepare_translation.prepare(config, prepared_dir, options)  # Tokenizer, Bible files and a first pass.
+  prepare_translation.prepare(data, prepared_dir, options)  # Tokenizer, Bible files and a first pass.
   first_s = time.time() - started
   results = JsonLines(args.out)
   run_worker_counts(results, args.workers, dict(task='translation', repeat=args.repeat,
                                                 first_prepare_s=round(first_s, 2)),
-                    config, prepared_dir, options, prepare_translation.prepare, 'translation/shards')
+                    data, prepared_dir, options, prepare_translation.prepare, 'translation/shards')
   results.save()
 
 

@@ -38,7 +38,7 @@ from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
-from stablemoe_jax.core.settings import ModelSettings, typed
+from stablemoe_jax.core.settings import from_config
 
 def _xla_flops(compiled) -> float | None:
   try:
@@ -53,11 +53,12 @@ def project_step(base: ml_collections.ConfigDict, overrides: dict, vocab_size: i
   """(config, mesh, jitted step, abstract state, batch) of ``main``'s train step for the config + overrides."""
   config = case_config(base, overrides, vocab_size)
   mesh = mesh_lib.make_mesh(config.mesh)
-  model, tx = TransformerLM(typed(ModelSettings, config.model)), make_optimizer(config.train)
+  run = from_config(config)
+  model, tx = TransformerLM(run.model), make_optimizer(run.train)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
   state = jax.eval_shape(lambda: create_train_state(model, tx, config.seed, config.train.seq_len))
   batch = synthetic_batch(0, config.train.batch_size, config.train.seq_len, config.model.vocab_size)
-  return config, mesh, jit_train_step(model, tx, config, mesh, shardings, LanguageModelTask()), state, batch
+  return config, mesh, jit_train_step(model, tx, run, mesh, shardings, LanguageModelTask()), state, batch
 
 
 def reference_step(config: ml_collections.ConfigDict):

@@ -47,7 +47,7 @@ from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
-from stablemoe_jax.core.settings import ModelSettings, typed
+from stablemoe_jax.core.settings import from_config
 
 
 # Dense peak FLOP/s of one device, by a substring of jax's ``device_kind`` (first match wins, so the more
@@ -150,13 +150,14 @@ def prepare_case(base: ml_collections.ConfigDict, case: Case, vocab_size: int = 
   check_backend(config, jax.default_backend())
   mesh_lib.check_layout(config, jax.device_count())
   mesh = mesh_lib.make_mesh(config.mesh)
-  model = TransformerLM(typed(ModelSettings, config.model))
-  tx = make_optimizer(config.train)
+  run = from_config(config)
+  model = TransformerLM(run.model)
+  tx = make_optimizer(run.train)
   train = config.train
   shardings = train_state_shardings(model, tx, train.seq_len, mesh)
   state = create_train_state(model, tx, config.seed, train.seq_len, mesh, shardings=shardings)
   uniform = lambda: np.ones(config.model.vocab_size, np.int64)  # a balanced hash table needs token counts
-  params = routers.fill_tables_from_data(state.params, config.model, uniform)
+  params = routers.fill_tables_from_data(state.params, run.model, uniform)
   if params is not state.params:
     state = state.replace(params=jax.device_put(params, shardings.params))
   batches = [mesh_lib.to_global(mesh_lib.local_rows(synthetic_batch(config.seed + i, train.batch_size, train.seq_len,
@@ -164,7 +165,7 @@ def prepare_case(base: ml_collections.ConfigDict, case: Case, vocab_size: int = 
              for i in range(num_batches)]
   start = time.perf_counter()
   with jax.set_mesh(mesh):
-    step = jit_train_step(model, tx, config, mesh, shardings, LanguageModelTask())
+    step = jit_train_step(model, tx, run, mesh, shardings, LanguageModelTask())
     compiled = step.lower(state, batches[0]).compile()
   return Prepared(case, config, mesh, state, compiled, batches, time.perf_counter() - start)
 
@@ -196,7 +197,8 @@ def measure_case(prepared: Prepared, steps: int = 10, warmup: int = 2, profile_d
   ``profile`` gives the device time per step by op (``benchmarks/trace_summary.py``).
   """
   config, compiled = prepared.config, prepared.compiled
-  model_cfg, moe, train = config.model, config.model.moe, config.train
+  run = from_config(config)
+  model_cfg, moe, train = run.model, run.model.moe, run.train
   device = jax.devices()[0]
   before = _memory_stats() or {}
   state, times, losses = prepared.state, [], []
@@ -241,7 +243,7 @@ def measure_case(prepared: Prepared, steps: int = 10, warmup: int = 2, profile_d
       "dtype": model_cfg.dtype,
       "attention": (reference_gpt2.shape_from_config(config).attention if prepared.case.name == REFERENCE
                     else attention_implementation(model_cfg)),
-      "remat": model_cfg.get("remat", "none"),
+      "remat": model_cfg.remat,
       "moe": routed,
       "router": moe.router if routed else None,
       "dispatcher": _dispatcher_name(moe.dispatcher, prepared.mesh) if routed else None,

@@ -5,7 +5,7 @@ The paper trains on RoBERTa+CC100en with GPT-2 BPE (50,257 types) and 512K token
 docs/data.md): prepare it once, then train from the same workdir. Your own corpus is the one override of the
 prepare command, ``--config.data.train_files`` (with its valid and test files):
 
-  python -m stablemoe_jax.data.prepare --config configs/lm_base.py --workdir runs/base --workers 16 \
+  python -m stablemoe_jax.prepare --config configs/lm_base.py --workdir runs/base --workers 16 \
     --config.data.train_files='/data/cc100/train-*.txt.zst' --config.data.valid_files=/data/cc100/valid.txt \
     --config.data.test_files=/data/cc100/test.txt
   python -m stablemoe_jax.main --config configs/lm_base.py --workdir runs/base
@@ -22,7 +22,7 @@ from configs import default
 
 def get_config():
   config = default.get_config()
-  # The paper's corpus, prepared by `python -m stablemoe_jax.data.prepare` (keys as configs/lm_files.py).
+  # The paper's corpus, prepared by `python -m stablemoe_jax.prepare` (keys as configs/lm_files.py).
   config.data.corpus = "files"
   config.data.tokenizer = "sentencepiece"
   config.data.sentencepiece_vocab_size = 50_257  # the paper's GPT-2 BPE size (here a sentencepiece unigram model)

@@ -1,9 +1,9 @@
-"""A language model on your own corpus at any size, prepared by `python -m stablemoe_jax.data.prepare`.
+"""A language model on your own corpus at any size, prepared by `python -m stablemoe_jax.prepare`.
 
 `--config configs/lm_files.py` (the default model) or `--config configs/lm_files.py:lm_base` (the paper's base
 LM); give the inputs as comma-separated globs of plain text, `.gz` or `.zst` (one sentence or document a line):
 
-  python -m stablemoe_jax.data.prepare --config configs/lm_files.py:lm_base --workdir runs/base --workers 16 \
+  python -m stablemoe_jax.prepare --config configs/lm_files.py:lm_base --workdir runs/base --workers 16 \
     --config.data.train_files='/data/cc100/train-*.txt.zst' --config.data.valid_files=/data/valid.txt \
     --config.data.test_files=/data/test.txt
   python -m stablemoe_jax.main --config configs/lm_files.py:lm_base --workdir runs/base (same data overrides)

@@ -1,7 +1,7 @@
 """The paper's large LM: 24 blocks, d=1024, 64 experts of 6 sublayers, lr 3e-4, 60K steps (6K stage 1).
 
 Data, batch, routing groups and sample as configs/lm_base.py: a corpus prepared by ``python -m
-stablemoe_jax.data.prepare --config configs/lm_large.py --workdir W --config.data.train_files=...`` (its docstring),
+stablemoe_jax.prepare --config configs/lm_large.py --workdir W --config.data.train_files=...`` (its docstring),
 never Penn Treebank unless asked. The experts are split over 8 devices (``mesh.expert=8``), so it launches on 8, 16,
 ..., 64 devices; on fewer, the config check says so in one line (``--config.mesh.expert`` to a divisor of them).
 """

@@ -7,7 +7,7 @@ each source's validation and test perplexity (summary.json "sets"). Its compare 
 default's router) and Switch for seeds 0 and 1, paired with dense. From the repository root:
 
   python -m stablemoe_jax.data.prepare.union_corpus --data_dir /path/to/shared/data --out runs/union_corpus
-  python -m stablemoe_jax.data.prepare --config configs/lm_multi_cpu.py --workdir runs/lm_multi --workers 0
+  python -m stablemoe_jax.prepare --config configs/lm_multi_cpu.py --workdir runs/lm_multi --workers 0
   python -m stablemoe_jax.compare --config configs/lm_multi_cpu.py --workdir runs/lm_multi
 
 (one run alone: python -m stablemoe_jax.main --config configs/lm_multi_cpu.py --workdir runs/lm_multi_one, after the

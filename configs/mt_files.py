@@ -1,11 +1,11 @@
-"""Translation on your own parallel corpora (X->English, any size), prepared by `python -m stablemoe_jax.data.prepare`.
+"""Translation on your own parallel corpora (X->English, any size), prepared by `python -m stablemoe_jax.prepare`.
 
 `--config configs/mt_files.py` (the CPU preset's model, configs/mt_cpu.py) or `configs/mt_files.py:mt_paper` (the
 paper's). Name the pairs and, per split, comma-separated globs of plain text, `.gz` or `.zst` files, one sentence a
 line, in which `{pair}` stands for the pair (`xx-en`) and `{lang}` for the source code (`xx`: the source files) or the
 target code (`en`: the target files); the i-th source file of a glob pairs with its i-th target file:
 
-  python -m stablemoe_jax.data.prepare --config configs/mt_files.py --workdir runs/mt_mine --workers 2 \
+  python -m stablemoe_jax.prepare --config configs/mt_files.py --workdir runs/mt_mine --workers 2 \
     --config.data.pairs=xx-en,yy-en --config.data.train_files='/data/{pair}/train.*.{lang}.zst' \
     --config.data.valid_files='/data/{pair}/dev.{lang}' --config.data.test_files='/data/{pair}/test.{lang}'
   python -m stablemoe_jax.main --config configs/mt_files.py --workdir runs/mt_mine (the same data overrides)

@@ -2,7 +2,7 @@
 on the paper's translation preset (configs/mt_paper.py).
 
 Needs the TFDS data prepared where the network is (``python -m stablemoe_jax.data.wmt --tfds_data_dir=DIR``) and
-copied to ``data.tfds_data_dir``; then ``python -m stablemoe_jax.data.prepare --config configs/mt_wmt.py --workdir W
+copied to ``data.tfds_data_dir``; then ``python -m stablemoe_jax.prepare --config configs/mt_wmt.py --workdir W
 --config.data.tfds_data_dir=DIR`` writes the tokenizer and pair shards, and ``main`` trains from W. Without the TFDS
 data: ``--mode=plan`` runs; preparing or training stops with one line naming what to prepare (exit status 2, before
 anything is compiled or written). Routing groups and sample as configs/mt_paper.py: fits 1 to 64 devices.

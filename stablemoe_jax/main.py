@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
     print(f"{jax.process_count()} process(es), devices: {jax.devices()}", file=log, flush=True)
   if _MODE.value in CHECKPOINT_MODES:  # no checkpoint to read: one line, before anything is built or written
     loop.require_checkpoint(_WORKDIR.value, _STEP.value)
-  if _MODE.value != "plan":  # a corpus only `data.prepare` prepares: one line naming it with this --config
+  if _MODE.value != "plan":  # a corpus only `stablemoe_jax.prepare` prepares: one line naming it with this --config
     config_validation.check_prepared(_CONFIG.value, _WORKDIR.value,
                                      config_flags.get_config_filename(flags.FLAGS["config"]))
   if _MODE.value == "plan":

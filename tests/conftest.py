@@ -176,9 +176,10 @@ def prepared_ptb(ptb_dir, tmp_path_factory) -> pathlib.Path:
   """PTB tokenized once per pytest process (word tokenizer, the tiny config's data settings), for
   ``share_prepared_ptb``, with each split's stream saved flat (`stream.cached_records`). Each xdist worker prepares
   its own: its runs use it one at a time."""
+  from stablemoe_jax.core.settings import from_config  # pylint: disable=import-outside-toplevel
   from stablemoe_jax.data.lm.pipeline import load_lm_data  # pylint: disable=import-outside-toplevel
   directory = tmp_path_factory.mktemp("prepared_ptb") / "data"
-  data = load_lm_data(make_tiny_config(ptb_dir).data, directory)
+  data = load_lm_data(from_config(make_tiny_config(ptb_dir)).data, directory)
   for split in data.sources:  # saves each split's flat stream beside its records: the runs load it, parse nothing
     data.stream(split)
   return directory

@@ -9,6 +9,7 @@ from stablemoe_jax.analysis.report import global_inputs, write_report
 from stablemoe_jax.analysis.routes import analysis_model, make_sample_router, stack_layers
 from stablemoe_jax.core.errors import require
 from stablemoe_jax.core.run_view import RunView
+from stablemoe_jax.core.settings import RunSettings
 from stablemoe_jax.models.transformer import has_moe_layers
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
@@ -29,7 +30,7 @@ class RoutingRecorder:
   """
 
   def __init__(self, run: RunView, start_step: int):
-    cfg = run.config
+    cfg = run.settings
     self._run = run
     self._every = cfg.analysis.record_every
     self._steps, self._stage1_steps = cfg.train.steps, cfg.train.stage1_steps
@@ -65,7 +66,7 @@ class RoutingRecorder:
       tokens, masks = zip(*(self._run.task.routing_tokens(layer, self._sample) for layer in layers))
       meta = {"layers": layers, "num_experts": self._num_experts, "steps": self._steps,
               "stage1_steps": self._stage1_steps, "record_every": self._every,
-              "router": self._run.config.model.moe.router, "sample_shape": list(tokens[0].shape)}
+              "router": self._run.settings.model.moe.router, "sample_shape": list(tokens[0].shape)}
       records_lib.write_meta(self._directory, meta, np.stack([t.reshape(-1) for t in tokens]),
                              np.stack([m.reshape(-1) for m in masks]))
       self._meta_written = True
@@ -78,15 +79,15 @@ class RoutingRecorder:
 
   def finish(self, state, step: int) -> dict | None:
     """At the end of training: the cohesion, load and fluctuation files of the final state (analysis.report_at_end)."""
-    cfg = self._run.config
+    cfg = self._run.settings
     if not (has_moe_layers(cfg.model) and cfg.analysis.report_at_end):
       return None
     return write_report(self._run, state.params, "valid", step)
 
 
-def check_config(config) -> None:
+def check_config(run: RunSettings) -> None:
   """The ``analysis`` section (routing records and their report)."""
-  analysis, train = config.analysis, config.train
+  analysis, train = run.analysis, run.train
   require(analysis.record_every >= 0, f"analysis.record_every={analysis.record_every} must be >= 0 (0: no records).")
   require(analysis.sample_tokens >= train.seq_len,
           f"analysis.sample_tokens={analysis.sample_tokens} must be at least train.seq_len={train.seq_len} "
@@ -94,19 +95,19 @@ def check_config(config) -> None:
   require(analysis.top_tokens > 0, f"analysis.top_tokens={analysis.top_tokens} must be positive.")
 
 
-def check_devices(config, device_count: int) -> None:
+def check_devices(run: RunSettings, device_count: int) -> None:
   """What the routing records ask of a launch on ``device_count`` devices (``model.moe.num_groups`` resolved): the
   sample's R = ``analysis.sample_tokens // train.seq_len`` rows are split over the devices, and its R x seq_len
   tokens routed in the model's groups."""
-  if not (has_moe_layers(config.model) and config.analysis.record_every > 0):
+  if not (has_moe_layers(run.model) and run.analysis.record_every > 0):
     return
-  seq_len, tokens = config.train.seq_len, config.analysis.sample_tokens
+  seq_len, tokens = run.train.seq_len, run.analysis.sample_tokens
   rows = tokens // seq_len
   require(rows % device_count == 0,
           f"analysis.sample_tokens // train.seq_len (= {tokens} // {seq_len} = {rows} rows of the routing sample) "
           f"must be a multiple of the number of devices ({device_count}); set --config.analysis.sample_tokens to a "
           f"multiple of {device_count * seq_len} (or --config.analysis.record_every=0: no routing records).")
-  groups = config.model.moe.num_groups
+  groups = run.model.moe.num_groups
   require(groups > 0 and rows * seq_len % groups == 0,
           f"model.moe.num_groups={groups} must divide the {rows * seq_len} tokens of the routing sample "
           f"({rows} rows of train.seq_len={seq_len}); change --config.analysis.sample_tokens.")

@@ -10,6 +10,7 @@ import ml_collections
 from stablemoe_jax.analysis.contribution import experiment_contributions
 from stablemoe_jax.analysis.report import write_report
 from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.models.transformer import has_moe_layers
 
@@ -20,7 +21,7 @@ def analyze_checkpoint(config: ml_collections.ConfigDict, workdir: str | pathlib
   the fluctuation summary and plot of the run's routing records, and each MoE layer's contribution
   (``contribution_{split}_step{N}.json``: ``split``'s loss with that layer's expert outputs set to zero, on its
   first ``health.contribution_batches`` batches) into ``workdir/analysis``."""
-  if not has_moe_layers(config.model):
+  if not has_moe_layers(settings_lib.from_config(config).model):  # the command's edge: its config typed
     raise ConfigError("this is a dense model (model.moe.enabled=False or model.dense_match set): it has no routing "
                       "to analyse; "
                       "use the config the run was trained with.")

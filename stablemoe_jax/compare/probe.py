@@ -21,6 +21,7 @@ from ml_collections import config_flags
 
 from stablemoe_jax import cli
 from stablemoe_jax.analysis import records as records_lib
+from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.train import health as health_lib
 from stablemoe_jax.train.metrics import read_metrics
@@ -62,7 +63,7 @@ def flip_shares(workdir: pathlib.Path) -> dict[int, float]:
 def windows(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
   """Per log window the worst layer's health, the flip share since the previous record, the guard's verdict."""
   records = read_metrics(workdir)
-  guard = health_lib.CollapseGuard(health_lib.GuardSettings.from_config(config))
+  guard = health_lib.CollapseGuard(health_lib.GuardSettings.from_settings(settings_lib.from_config(config)))
   flips = flip_shares(workdir)
   rows, last = [], 0
   for record in records:

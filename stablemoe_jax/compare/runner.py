@@ -48,9 +48,10 @@ def model_costs(config: ml_collections.ConfigDict, directory: pathlib.Path) -> d
   finally:
     exp.checkpointer.close()
   counts = flops_lib.param_counts(params)
-  top_k = routers.top_k(exp.config.model.moe) if has_moe_layers(exp.config.model) else 1
+  model = exp.settings.model
+  top_k = routers.top_k(model.moe) if has_moe_layers(model) else 1
   return {"shared_params": counts["shared"], "expert_params": counts["expert"], "total_params": counts["total"],
-          "flops_per_token": flops_lib.forward_flops_per_token(params, exp.config.train.seq_len, top_k=top_k)}
+          "flops_per_token": flops_lib.forward_flops_per_token(params, exp.settings.train.seq_len, top_k=top_k)}
 
 
 def validation_curves(records: list[dict], summary: RunSummary, tokens_per_step: int,

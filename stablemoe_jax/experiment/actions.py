@@ -1,9 +1,10 @@
 """What the training loop does between steps, one named action each: log a window, end stage 1, evaluate and
-judge, save; and at which steps (``Schedule``).
+judge, save; at which steps (``Schedule``); and the list of (when, action) entries the loop runs after every step
+(``periodic_work``).
 
 Every action reads and writes the run's shared record (``RunRecord``: writer, progress bar, health guard, clock,
-the current window, the scored-token count, the last checkpoint). The loop (``loop.train_and_evaluate``) pauses
-the clock around the actions that are not training (``TrainClock.paused``).
+the current window, the scored-token count, the last checkpoint). The actions that are not training run with the
+clock paused (``TrainClock.paused``).
 """
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import sys
 from typing import Any, Callable
 
 import jax
-import ml_collections
 import numpy as np
 import tqdm
 
 from stablemoe_jax.analysis.contribution import layer_contributions
 from stablemoe_jax.core.errors import CollapseError, NonFiniteLossError
+from stablemoe_jax.core.settings import TrainSettings
 from stablemoe_jax.experiment.clock import TrainClock
 from stablemoe_jax.train import health as health_lib
 from stablemoe_jax.train.checkpoint import Checkpointer
@@ -37,9 +38,8 @@ class Schedule:
   checkpoint_every: int
 
   @classmethod
-  def from_config(cls, train_cfg: ml_collections.ConfigDict) -> "Schedule":
-    return cls(train_cfg.steps, train_cfg.stage1_steps, train_cfg.log_every, train_cfg.eval_every,
-               train_cfg.checkpoint_every)
+  def from_settings(cls, train: TrainSettings) -> "Schedule":
+    return cls(train.steps, train.stage1_steps, train.log_every, train.eval_every, train.checkpoint_every)
 
   def logs(self, step: int) -> bool:
     """Every ``log_every`` steps and at the last."""
@@ -212,3 +212,42 @@ def save(run: RunRecord, step: int, state: TrainState, metrics: dict, train_iter
     run.writer.write(step, {"trained_tokens": run.trained_tokens + run.window.scored_tokens()})
   run.checkpointer.save(step, state, train_iter.get_state())
   run.last_checkpoint = step
+
+
+class StopTraining(Exception):
+  """Raised by the ``stop_at_step`` entry of :func:`periodic_work`: the loop returns ``{"stopped_at_step": step}``."""
+
+  def __init__(self, step: int):
+    super().__init__(f"stopped at step {step}")
+    self.step = step
+
+
+Action = Callable[[int, TrainState, dict], None]  # (step, the state after it, its metrics) -> None
+
+
+def periodic_work(schedule: Schedule, run: RunRecord, train_iter, facts_probe=None,
+                  stop_at_step: int | None = None) -> list[tuple[Callable[[int], bool], Action]]:
+  """The loop's work after each step, as (when, action) entries run in this order where ``when(step)`` holds: log
+  the window; end stage 1 and evaluate (the facts probe with it), both with the clock paused; stop at
+  ``stop_at_step`` (tests and kill drills: before that step's checkpoint); save."""
+  def paused(action: Action) -> Action:
+    def run_paused(step: int, state: TrainState, metrics: dict) -> None:
+      with run.clock.paused():
+        action(step, state, metrics)
+    return run_paused
+
+  def evaluate(step: int, state: TrainState, metrics: dict) -> None:
+    evaluate_and_judge(run, step, state.params)
+    if facts_probe is not None and facts_probe.enabled:
+      probe_facts(run, facts_probe, step, state.params)
+
+  def stop(step: int, state: TrainState, metrics: dict) -> None:
+    raise StopTraining(step)
+
+  return [
+      (schedule.logs, lambda step, state, metrics: log_window(run, step)),
+      (schedule.ends_stage1, paused(lambda step, state, metrics: end_stage1(run, step, state.params))),
+      (schedule.evaluates, paused(evaluate)),
+      (lambda step: step == stop_at_step, stop),
+      (schedule.saves, lambda step, state, metrics: save(run, step, state, metrics, train_iter)),
+  ]

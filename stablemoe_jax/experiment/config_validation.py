@@ -5,8 +5,9 @@ The whole-config check, above the modules that own each section: it checks the s
 reported): ``models/checks.py`` (``model``, ``model.moe``, the routers, ``mesh.expert``), ``train/health.py``
 (``health``), ``analysis/recorder.py`` (``analysis``), ``tasks/translation.py`` (``data``, ``decode`` of a
 translation config). With ``device_count`` it adds what a launch on that many devices needs (the launch and
-``--mode=plan`` call it alike); ``check_prepared`` stops a run whose corpus only ``data.prepare`` prepares, naming
-that command. Imported by the runners (``experiment/loop.py``, ``experiment/plan.py``) and the entry points only.
+``--mode=plan`` call it alike); ``check_prepared`` stops a run whose corpus only ``python -m stablemoe_jax.prepare``
+prepares, naming that command. Imported by the runners (``experiment/loop.py``, ``experiment/plan.py``) and the entry
+points only.
 """
 from __future__ import annotations
 
@@ -66,12 +67,12 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
            f"non-overlapping blocks, a smaller stride sliding windows (e.g. --config.eval.stride=64).")
   _require(run.eval.max_batches >= 0,
            f"eval.max_batches={run.eval.max_batches} must be >= 0 (0: the whole split).")
-  model_checks.check_model(config, data_vocab_size)
-  health_lib.check_config(config)
-  analysis_checks.check_config(config)
+  model_checks.check_model(model, data_vocab_size)
+  health_lib.check_config(run)
+  analysis_checks.check_config(run)
   if device_count is not None:  # the layout before the groups' own checks: a resolved G names the devices it fits
     model_checks.check_devices(config, device_count)
-  model_checks.check_moe(config)
+  model_checks.check_moe(run)
   if task == "lm" and run.data.corpus == "facts":
     from stablemoe_jax.data.lm import facts  # pylint: disable=import-outside-toplevel
     facts.check_settings(run.data.facts, {"train.seq_len": run.train.seq_len, "eval.seq_len": run.eval.seq_len})
@@ -83,7 +84,7 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
     from stablemoe_jax.tasks import translation as translation_task
     translation_task.check_config(config)
   if device_count is not None:
-    analysis_checks.check_devices(config, device_count)
+    analysis_checks.check_devices(run, device_count)
 
 
 def _glob_overrides(data, keys: tuple[str, ...]) -> str:
@@ -95,7 +96,7 @@ def _glob_overrides(data, keys: tuple[str, ...]) -> str:
 
 def check_prepared(config, workdir, config_arg: str = "CONFIG") -> None:
   """Raises DataNotFoundError unless ``workdir/data`` holds the corpus of a config that only
-  ``python -m stablemoe_jax.data.prepare`` prepares (``data.corpus=files`` of either task, WMT); one line naming that
+  ``python -m stablemoe_jax.prepare`` prepares (``data.corpus=files`` of either task, WMT); one line naming that
   command with ``config_arg`` (the ``--config`` given), made before anything is written, prepared or compiled.
   Other corpora (PTB, ``text``, Multi30k + Bible) are prepared by the run itself."""
   data, prepared_dir = settings_lib.from_config(config).data, pathlib.Path(workdir) / "data"
@@ -118,7 +119,7 @@ def check_prepared(config, workdir, config_arg: str = "CONFIG") -> None:
     return
   raise DataNotFoundError(
       f"data.corpus={corpus!r} is read from shards that {prepared_dir} does not hold: prepare them first with "
-      f"`python -m stablemoe_jax.data.prepare --config {config_arg} --workdir {workdir} --workers 8{inputs}` "
+      f"`python -m stablemoe_jax.prepare --config {config_arg} --workdir {workdir} --workers 8{inputs}` "
       f"(docs/data.md), then run this command again (the config's other overrides on both).")
 
 
@@ -127,4 +128,4 @@ def check_backend(config, backend: str) -> None:
 
   Separate from :func:`validate_config`, which cannot know the machine: call it where the model is built.
   """
-  model_checks.check_backend(config, backend)
+  model_checks.check_backend(settings_lib.from_config(config).model, backend)

@@ -50,7 +50,7 @@ class Experiment:
     config = mesh_lib.resolve_layout(config, jax.device_count(), recorded)
     validate_config(config, device_count=jax.device_count())
     check_backend(config, jax.default_backend())
-    check_prepared(config, self.workdir)  # a corpus only `data.prepare` prepares: one line naming it
+    check_prepared(config, self.workdir)  # a corpus only `stablemoe_jax.prepare` prepares: one line naming it
     if jax.default_backend() == "cpu":  # every CPU device's state lies in this host's memory
       plan_lib.check_host_memory(config, jax.device_count(), jax.local_device_count(), plan_lib.host_memory_available())
     self.workdir.mkdir(parents=True, exist_ok=True)
@@ -72,7 +72,7 @@ class Experiment:
       (self.workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     self.model = self.task.build_model(self.settings.model)
     self.sample_inputs = self.task.sample_inputs(self.settings)
-    self.tx = make_optimizer(config.train)
+    self.tx = make_optimizer(self.settings.train)
     self.checkpointer = ckpt_lib.Checkpointer(
         self.workdir / "checkpoints", config, keep=config.train.keep_checkpoints
     )
@@ -100,7 +100,7 @@ class Experiment:
     """
     state = create_train_state(self.model, self.tx, self.config.seed, self.config.train.seq_len, self.mesh,
                                self.sample_inputs, self.state_shardings)
-    params = routers.fill_tables_from_data(state.params, self.config.model, self.train_token_counts)
+    params = routers.fill_tables_from_data(state.params, self.settings.model, self.train_token_counts)
     if params is not state.params:
       state = state.replace(params=jax.device_put(params, self.state_shardings.params))
     return state
@@ -112,7 +112,7 @@ class Experiment:
     return self._train_token_counts
 
   def jit_train_step(self):
-    return mesh_lib.under_mesh(self.mesh, jit_train_step(self.model, self.tx, self.config, self.mesh,
+    return mesh_lib.under_mesh(self.mesh, jit_train_step(self.model, self.tx, self.settings, self.mesh,
                                                          self.state_shardings, self.task))
 
   def train_batches(self):
@@ -195,8 +195,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     The summary also written to ``workdir/summary.json``; ``{"stopped_at_step": step}`` when stopped early.
   """
   exp = Experiment(config, workdir)
-  cfg = exp.config
-  train_cfg = cfg.train
+  train_cfg = exp.settings.train
   state = exp.init_state()
   train_iter = exp.train_batches()
   start = exp.checkpointer.latest_step
@@ -215,13 +214,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   facts_probe = FactsProbe(view, start)  # data.corpus=facts: every fact's recall and route at each evaluation point
   is_chief = jax.process_index() == 0
   writer = MetricWriter(exp.workdir, resume_step=start) if is_chief else None
-  guard = health_lib.CollapseGuard(health_lib.GuardSettings.from_config(cfg), start)
+  guard = health_lib.CollapseGuard(health_lib.GuardSettings.from_settings(exp.settings), start)
   # Training seconds and scored tokens continue from the runs this one resumes (logged with every window,
   # evaluation and checkpoint, so a resumption continues both counts exactly).
   train_seconds_before = (last_logged(exp.workdir, "train_seconds", start) or 0.0) if start else 0.0
   trained_tokens = (last_logged(exp.workdir, "trained_tokens", start) or 0.0) if start else 0.0
   train_step = exp.jit_train_step()
-  schedule = actions.Schedule.from_config(train_cfg)
+  schedule = actions.Schedule.from_settings(exp.settings.train)
   clock = TrainClock(train_seconds_before)
   run = actions.RunRecord(
       evaluate=exp.evaluate, routing_agreement=exp.routing_agreement, eval_batches=train_cfg.eval_batches,
@@ -234,32 +233,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     if start:  # the verdict so far, from the windows logged up to the checkpoint (no window lost or counted twice)
       actions.handle_collapses(guard, guard.replay(read_metrics(exp.workdir), start), run.last_checkpoint,
                                announce=False)
+    periodic = actions.periodic_work(schedule, run, train_iter, facts_probe, stop_at_step)
     for step in range(start + 1, train_cfg.steps + 1):
       state, metrics = train_step(state, mesh_lib.to_global(next(train_iter), exp.mesh))
       recorder.after_step(state, step)
       run.window.add(metrics)
       run.progress.update(1)
-      if schedule.logs(step):
-        actions.log_window(run, step)
-      if schedule.ends_stage1(step):
-        with clock.paused():
-          actions.end_stage1(run, step, state.params)
-      if schedule.evaluates(step):
-        with clock.paused():
-          actions.evaluate_and_judge(run, step, state.params)
-          if facts_probe.enabled:
-            actions.probe_facts(run, facts_probe, step, state.params)
-      if stop_at_step is not None and step == stop_at_step:
-        return {"stopped_at_step": step}
-      if schedule.saves(step):
-        actions.save(run, step, state, metrics, train_iter)
+      for when, action in periodic:
+        if when(step):
+          action(step, state, metrics)
     run.progress.close()
     train_seconds = clock.seconds()
     summary = RunSummary(
         steps=train_cfg.steps,
         stage1_steps=train_cfg.stage1_steps,
         device=device_record(),  # speed columns compare only runs on one kind of device, each alone on it
-        num_groups=cfg.model.moe.num_groups,  # the routing groups it trained with (0 in the config: one a device)
+        num_groups=exp.settings.model.moe.num_groups,  # the routing groups it trained with (0 in the config: one a device)
         train_seconds_this_run=round(clock.wall_seconds(), 1),
         train_seconds=round(train_seconds, 1),  # all runs of this workdir, evaluations excluded
         tokens_per_second=round(train_cfg.steps * run.tokens_per_step / max(train_seconds, 1e-9), 1),
@@ -274,6 +263,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     if is_chief:
       summary.write(exp.workdir / "summary.json")
     return summary
+  except actions.StopTraining as stopped:
+    return {"stopped_at_step": stopped.step}
   finally:
     run.progress.close()
     exp.checkpointer.wait()

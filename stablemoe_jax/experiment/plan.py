@@ -47,7 +47,7 @@ def _abstract_init(config: ml_collections.ConfigDict):
   """(model, optimizer, the state's init function with logical axes) of ``config``'s task."""
   settings = settings_lib.from_config(config)
   task = make_task(settings)
-  model, tx = task.build_model(settings.model), make_optimizer(config.train)
+  model, tx = task.build_model(settings.model), make_optimizer(settings.train)
   init = state_lib._boxed_init(model, tx, 0, config.train.seq_len, task.sample_inputs(settings))  # pylint: disable=protected-access
   return task, model, tx, init
 
@@ -90,7 +90,8 @@ def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
   the encoder's blocks over the source and the decoder's over the target, each decoder block with a cross-attention
   (``4 d`` more and ``H * S`` more probabilities a token); its MoE layers split between the two.
   """
-  model, train = config.model, config.train
+  run = settings_lib.from_config(config)
+  model, train = run.model, run.train
   itemsize = jnp.dtype(model.dtype).itemsize
   tokens = train.batch_size // microbatches * train.seq_len / num_devices  # a stream's (source or target) tokens
   block = (10 * model.d_model + 2 * model.d_ff) * itemsize + model.num_heads * train.seq_len * 4
@@ -101,7 +102,7 @@ def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
     moe = model.moe
     layers = num_moe_layers(config)
     sublayers = max(1, moe.sublayers_per_expert // layers)
-    top_k, shared = routers.top_k(moe), settings_lib.typed(settings_lib.MoESettings, moe).shared_experts
+    top_k, shared = routers.top_k(moe), moe.shared_experts
     slots = max(moe.capacity_factor, 1.0) * top_k
     expert_values = sublayers * (4 * model.d_model + 2 * (moe.d_ff or model.d_ff))
     per_token += layers * slots * (expert_values + 2 * model.d_model) * itemsize
@@ -118,7 +119,8 @@ def all_to_all_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
 
   The capacity buffers travel: ``ceil(cf * k * T / G / N)`` slots per (group, expert), capacity counting choices;
   shared experts, replicated on every device, send nothing."""
-  model, train, expert_devices = config.model, config.train, config.mesh.expert
+  run = settings_lib.from_config(config)
+  model, train, expert_devices = run.model, run.train, run.mesh.expert
   if not has_moe_layers(model) or expert_devices == 1:
     return 0
   moe = model.moe
@@ -139,7 +141,7 @@ def compiled_temp_bytes(config: ml_collections.ConfigDict, num_devices: int) -> 
   task, model, tx, init = _abstract_init(config)
   state_shardings = sharding_lib.state_shardings(jax.eval_shape(init), mesh)
   batch_sharding = sharding_lib.batch_sharding(mesh)
-  step = jax.jit(make_train_step(model, tx, config, task), donate_argnums=0,
+  step = jax.jit(make_train_step(model, tx, settings_lib.from_config(config), task), donate_argnums=0,
                  in_shardings=(state_shardings, batch_sharding),
                  out_shardings=(state_shardings, sharding_lib.replicated(mesh)))
   shapes = jax.eval_shape(lambda: nn.unbox(init()))

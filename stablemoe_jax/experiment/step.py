@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
+from stablemoe_jax.core.settings import RunSettings
 from stablemoe_jax.models.moe import SHUFFLE_RNG
 from stablemoe_jax.models.routers import post_update_hook
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
@@ -39,7 +40,8 @@ def step_rngs(step_key: jax.Array) -> dict[str, jax.Array]:
   return {"dropout": step_key, SHUFFLE_RNG: jax.random.fold_in(step_key, 1)}
 
 
-def make_train_step(model, tx: optax.GradientTransformation, config, task) -> Callable[[TrainState, Batch], tuple]:
+def make_train_step(model, tx: optax.GradientTransformation, run: RunSettings,
+                    task) -> Callable[[TrainState, Batch], tuple]:
   """Builds the train step for ``model`` and ``tx``; jit it with ``donate_argnums=0``.
 
   ``task`` (``tasks/base.py``) says which batch entries feed the model and scores its output (``task.train_loss``:
@@ -54,11 +56,11 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task) -> Ca
   ``cosine_routing.expert_norm_hook`` rescales the centroids' rows to that norm in the stored parameters
   (X-MoE's rescale before every forward pass; its docstring says why here).
   """
-  stage1_steps = config.train.stage1_steps
-  microbatches = config.train.microbatches
-  schedule = learning_rate_schedule(config.train)
-  base_key = jax.random.key(config.seed)
-  post_update = post_update_hook(getattr(config, "model", None))  # the router's own hook, None for most
+  stage1_steps = run.train.stage1_steps
+  microbatches = run.train.microbatches
+  schedule = learning_rate_schedule(run.train)
+  base_key = jax.random.key(run.seed)
+  post_update = post_update_hook(run.model)  # the router's own hook, None for most
 
   def grads_and_metrics(params, batch: Batch, stage1: jax.Array, step_key: jax.Array):
     def loss_fn(params):
@@ -110,14 +112,14 @@ def make_train_step(model, tx: optax.GradientTransformation, config, task) -> Ca
   return train_step
 
 
-def jit_train_step(model, tx: optax.GradientTransformation, config, mesh: jax.sharding.Mesh, state_shardings,
+def jit_train_step(model, tx: optax.GradientTransformation, run: RunSettings, mesh: jax.sharding.Mesh, state_shardings,
                    task):
   """The jitted train step of ``main`` (call it under ``jax.set_mesh(mesh)``).
 
   ``donate_argnums=0``: the input state's buffers are donated, so XLA writes the new parameters and
   optimizer state in place instead of holding two copies of them during the update.
   """
-  return jax.jit(make_train_step(model, tx, config, task), donate_argnums=0,
+  return jax.jit(make_train_step(model, tx, run, task), donate_argnums=0,
                  in_shardings=(state_shardings, sharding_lib.batch_sharding(mesh)),
                  out_shardings=(state_shardings, sharding_lib.replicated(mesh)))
 

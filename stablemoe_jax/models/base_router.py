@@ -57,18 +57,18 @@ class BalancedAssignment:
     return {}
 
 
-def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
+def build(settings, *, moe, num_experts: int, vocab_size: int) -> nn.Module:
   """The router of ``model.moe.base`` (``settings``), named "router": one auction per routing group."""
-  num_groups = int(moe_config.num_groups or 1)
+  num_groups = int(moe.num_groups or 1)
   policy = BalancedAssignment(num_groups, settings.auction_epsilon, settings.auction_max_rounds)
   return LearnedRouter(num_experts=num_experts, policy=policy, vocab_size=vocab_size,
                        centroid_gain=settings.centroid_gain,
-                       **two_stage_kwargs(settings, moe_config, settings.centroid_gain), name="router", parent=None)
+                       **two_stage_kwargs(settings, moe, settings.centroid_gain), name="router", parent=None)
 
 
-def check(s, moe_config) -> list[str]:
+def check(s, moe) -> list[str]:
   """The problems of the section ``model.moe.base``, one message each."""
-  del moe_config
+  del moe
   problems = []
   if not 0 < s.auction_epsilon < 1:
     problems.append(f"model.moe.base.auction_epsilon={s.auction_epsilon} must lie in (0, 1) (default 0.01).")

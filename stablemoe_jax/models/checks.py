@@ -16,9 +16,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 DENSE_MATCHES = ("none", "deeper", "wider", "flops")
 
 
-def check_model(config, data_vocab_size: int | None = None) -> None:
+def check_model(model: settings_lib.ModelSettings, data_vocab_size: int | None = None) -> None:
   """The model's shape, dtype, attention, remat and vocabulary (``data_vocab_size``: the tokenizer's, once known)."""
-  model = settings_lib.typed(settings_lib.ModelSettings, config.model)
   require(model.d_model % model.num_heads == 0,
           f"model.d_model={model.d_model} must be divisible by model.num_heads={model.num_heads}.")
   require(0.0 <= model.dropout < 1.0, f"model.dropout={model.dropout} must lie in [0, 1).")
@@ -46,9 +45,8 @@ def check_model(config, data_vocab_size: int | None = None) -> None:
     )
 
 
-def check_moe(config) -> None:
+def check_moe(run: settings_lib.RunSettings) -> None:
   """``model.moe`` (experts, placement, capacity, groups, dispatchers), the chosen router, ``mesh.expert``."""
-  run = settings_lib.from_config(config)
   model, moe, train, mesh = run.model, run.model.moe, run.train, run.mesh
   if moe.enabled or model.dense_match != "none":
     require(moe.num_experts > 0, f"model.moe.num_experts={moe.num_experts} must be positive.")
@@ -105,10 +103,10 @@ def check_devices(config, device_count: int) -> None:
   mesh_lib.check_layout(config, device_count)
 
 
-def check_backend(config, backend: str) -> None:
+def check_backend(model: settings_lib.ModelSettings, backend: str) -> None:
   """Raises ConfigError if the model cannot run on JAX backend ``backend`` ("cpu", "gpu", "tpu")."""
   try:
-    attention_implementation(config.model, backend)
+    attention_implementation(model, backend)
   except ValueError as error:
     raise ConfigError(str(error)) from None
 

@@ -88,7 +88,7 @@ def expert_norm(settings) -> float:
   return float(settings.cosine_expert_norm)
 
 
-def expert_norm_hook(model_config) -> Callable[[dict], dict] | None:
+def expert_norm_hook(model: settings_lib.ModelSettings) -> Callable[[dict], dict] | None:
   """The train step's parameter hook for ``cosine_expert_norm`` > 0, else None.
 
   Returns ``params -> params`` with every MoE layer's ``router/centroids`` [N, dim] rescaled row by row to the
@@ -96,7 +96,6 @@ def expert_norm_hook(model_config) -> Callable[[dict], dict] | None:
   train step applies it to the parameters after each optimizer update, so every forward pass, and Adam's next
   update, starts from norm-r rows, as torchscale's in-place ``wg.mul_`` before each forward (module docstring).
   """
-  model = settings_lib.typed(settings_lib.ModelSettings, model_config)
   if not model.has_moe_layers:
     return None
   norm = expert_norm(model.moe.router_settings())

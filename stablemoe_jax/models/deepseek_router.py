@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from stablemoe_jax.core.settings import ModelSettings
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS, Routing, masked_mean
 
 BIAS = "expert_bias"
@@ -83,9 +84,9 @@ class DeepSeekRouter(nn.Module):
     return Routing(expert_index=expert_index, gate=gate)
 
 
-def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
+def build(settings, *, moe, num_experts: int, vocab_size: int) -> nn.Module:
   """The router of ``model.moe.deepseek`` (``settings``), named "router"."""
-  del moe_config, vocab_size
+  del moe, vocab_size
   return DeepSeekRouter(num_experts=num_experts, top_k=int(settings.top_k), routed_scale=float(settings.routed_scale),
                         balance_weight=float(settings.balance_weight), centroid_gain=float(settings.centroid_gain),
                         name=ROUTER_MODULE, parent=None)
@@ -106,10 +107,10 @@ def _bias_layer(path) -> str | None:
   return "/".join(names[:-2]) if names[-2:] == [ROUTER_MODULE, BIAS] else None
 
 
-def bias_update_hook(model_config) -> Callable | None:
+def bias_update_hook(model: ModelSettings) -> Callable | None:
   """The train step's post-update hook: ``(params, metrics) -> params`` with every MoE layer's ``router/expert_bias``
   moved by :func:`updated_bias` from that step's ``moe/<layer>/load``; None when the rate is 0."""
-  rate = float(model_config.moe.deepseek.bias_update_rate)
+  rate = float(model.moe.deepseek.bias_update_rate)
   if rate == 0:
     return None
 
@@ -141,13 +142,13 @@ def split_bias(params) -> tuple[dict, dict[str, jax.Array]]:
   return jax.tree_util.tree_map_with_path(zero, params), biases
 
 
-def check(s, moe_config) -> list[str]:
+def check(s, moe) -> list[str]:
   """The problems of the section ``model.moe.deepseek``, one message each."""
   problems = []
   k = s.top_k
-  if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= moe_config.num_experts:
+  if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= moe.num_experts:
     problems.append(f"model.moe.deepseek.top_k={k!r} must be an integer in [1, model.moe.num_experts="
-                    f"{moe_config.num_experts}] (DeepSeek-V3: 8 of 256).")
+                    f"{moe.num_experts}] (DeepSeek-V3: 8 of 256).")
   for key, meaning in (("bias_update_rate", "the bias step gamma; 0: no balancing"),
                        ("balance_weight", "the sequence-wise balance loss; 0: off"),
                        ("centroid_gain", "orthogonal-init gain of the centroids")):

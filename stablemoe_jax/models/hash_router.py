@@ -62,15 +62,15 @@ class HashRouter(nn.Module):
     return Routing.top1(expert_index, jnp.ones(expert_index.shape, h.dtype))
 
 
-def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
+def build(settings, *, moe, num_experts: int, vocab_size: int) -> nn.Module:
   """The router of ``model.moe.hash`` (``settings``), named "router"."""
-  del moe_config
+  del moe
   return HashRouter(num_experts=num_experts, vocab_size=vocab_size, seed=settings.seed, name="router", parent=None)
 
 
-def check(s, moe_config) -> list[str]:
+def check(s, moe) -> list[str]:
   """The problems of the section ``model.moe.hash``, one message each."""
-  del moe_config
+  del moe
   if s.table not in ("random", "balanced"):
     return [f"model.moe.hash.table={s.table!r} is unknown; choose 'random' or 'balanced'."]
   return []

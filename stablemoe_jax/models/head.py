@@ -19,23 +19,22 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from stablemoe_jax.core import settings as settings_lib
+from stablemoe_jax.core.settings import ModelSettings
 
 
-def padded_vocab_size(model_config) -> int:
+def padded_vocab_size(model: ModelSettings) -> int:
   """``model.vocab_size`` rounded up to a multiple of ``model.vocab_multiple`` (0 or 1: not padded)."""
-  model = settings_lib.typed(settings_lib.ModelSettings, model_config)
   multiple, vocab = model.vocab_multiple, model.vocab_size
   return -(-vocab // multiple) * multiple if multiple > 1 else vocab
 
 
-def embedding_init(model_config) -> Any:
+def embedding_init(model: ModelSettings) -> Any:
   """The token embedding's initializer, N(0, 1/d): [V, d] as unpadded, then zero rows up to the padded size.
 
   The first V rows are drawn exactly as an unpadded model's, so the same seed trains the same model either way.
   """
-  normal = nn.initializers.normal(model_config.d_model**-0.5)
-  vocab, padded = model_config.vocab_size, padded_vocab_size(model_config)
+  normal = nn.initializers.normal(model.d_model**-0.5)
+  vocab, padded = model.vocab_size, padded_vocab_size(model)
   if padded == vocab:
     return normal
 

@@ -37,21 +37,16 @@ class DistilledRouterSpec:
                num_heads=section.num_heads, centroid_gain=centroid_gain)
 
 
-def distilled_section(moe_config) -> settings_lib.DistilledRouterSettings:
-  """``moe_config.distilled_router``, typed (its defaults where a hand-built config has no such section)."""
-  return settings_lib.typed(settings_lib.MoESettings, moe_config).distilled_router
+def distilled_spec(moe: settings_lib.MoESettings, centroid_gain: float = 0.1) -> DistilledRouterSpec:
+  """The shape of the distilled router of ``moe.distilled_router``."""
+  return DistilledRouterSpec.from_config(moe.distilled_router, centroid_gain)
 
 
-def distilled_spec(moe_config, centroid_gain: float = 0.1) -> DistilledRouterSpec:
-  return DistilledRouterSpec.from_config(distilled_section(moe_config), centroid_gain)
-
-
-def two_stage_kwargs(settings, moe_config, centroid_gain: float) -> dict:
+def two_stage_kwargs(settings, moe: settings_lib.MoESettings, centroid_gain: float) -> dict:
   """``LearnedRouter``'s two-stage keywords for a router with ``fixed_routing`` (Table 5: switch, base); {} without."""
   if not settings.fixed_routing:
     return {}
-  return dict(distilled=distilled_spec(moe_config, centroid_gain),
-              distill_weight=distilled_section(moe_config).distill_weight)
+  return dict(distilled=distilled_spec(moe, centroid_gain), distill_weight=moe.distilled_router.distill_weight)
 
 
 class LearnedRouter(nn.Module):

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 
 from stablemoe_jax.models import capacity as capacity_lib
-from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.settings import MoESettings
 from stablemoe_jax.models import dispatch, experts, routers
 from stablemoe_jax.models.routing import METRICS, ROUTING, expert_load, masked_mean, routing_health
@@ -29,24 +28,23 @@ def mesh_devices() -> int:
   return 1 if mesh.empty else int(mesh.size)
 
 
-def resolve_groups(moe_config) -> MoESettings:
-  """``moe_config`` typed, with one group per device of the surrounding mesh where its ``num_groups`` is 0
-  (unresolved: a model built outside a launch)."""
-  moe = settings_lib.typed(MoESettings, moe_config)
+def resolve_groups(moe: MoESettings) -> MoESettings:
+  """``moe`` with one group per device of the surrounding mesh where its ``num_groups`` is 0 (unresolved: a model
+  built outside a launch)."""
   return dataclasses.replace(moe, num_groups=mesh_devices()) if moe.num_groups == 0 else moe
 
 
-def make_moe_layer(moe_config, vocab_size: int, num_sublayers: int, d_ff: int, dropout: float = 0.0,
+def make_moe_layer(moe: MoESettings, vocab_size: int, num_sublayers: int, d_ff: int, dropout: float = 0.0,
                    dtype: Any = jnp.float32, layer_cls=None, **kwargs) -> "MoELayer":
-  """A MoE layer with the router of ``moe_config`` built for it (``routers.make_router``): what the models do.
+  """A MoE layer with the router of ``moe`` built for it (``routers.make_router``): what the models do.
 
-  ``moe_config`` (the ``model.moe`` section, typed here if it is not yet) is resolved once, here: its routing
-  groups (``resolve_groups``) and its router; the layer gets both as fields.
+  ``moe`` (the ``model.moe`` section) is resolved once, here: its routing groups (``resolve_groups``) and its
+  router; the layer gets both as fields.
 
   ``layer_cls``: MoELayer (default) or a lifted version of it (``nn.remat(MoELayer, ...)``); ``kwargs``: Flax's
   (``name``). Call it where the layer is built (the routing groups of ``num_groups`` 0 are those of the mesh then).
   """
-  moe = resolve_groups(moe_config)
+  moe = resolve_groups(moe)
   router = routers.make_router(moe, vocab_size=vocab_size)
   return (layer_cls or MoELayer)(moe, vocab_size, num_sublayers, d_ff, dropout, dtype, router=router, **kwargs)
 
@@ -108,7 +106,7 @@ class MoELayer(nn.Module):
     """
     if self.router is None:
       raise ValueError("MoELayer needs its router: build the layer with moe.make_moe_layer(...), or pass "
-                       "router=routers.make_router(moe_config, vocab_size=...).")
+                       "router=routers.make_router(moe, vocab_size=...).")
     cfg = self.moe
     num_experts = cfg.num_experts
     batch, length, d = x.shape

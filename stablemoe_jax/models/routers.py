@@ -57,10 +57,10 @@ class RouterEntry:
   """A routing method.
 
   Attributes:
-    build: (settings, *, moe_config, num_experts, vocab_size) -> the router module, named "router".
+    build: (settings, *, moe, num_experts, vocab_size) -> the router module, named "router".
     settings: the section ``model.moe.<name>`` as its frozen dataclass (``core/settings/routers.py``): its fields,
       types, defaults and descriptions; ``settings_lib.typed`` reads it from the config.
-    check: (settings, moe_config) -> problems, one message each naming the key and the fix.
+    check: (settings, moe) -> problems, one message each naming the key and the fix.
     uses_distilled_router: whether the shared section ``model.moe.distilled_router`` applies.
     fill_from_data: optional (router params, settings, num_experts, token_counts) -> router params, run once at
       initialisation with the training split's token counts [V].
@@ -71,7 +71,7 @@ class RouterEntry:
       mean gate in (train/health.py reads it here).
     gate_scale: (settings) -> the factor on the gate's range (1 but for DeepSeek's ``routed_scale``).
     top_k: (settings) -> k, the experts each token is routed to (``Routing.expert_index [T, k]``).
-    post_update: optional (model config) -> ``(params, metrics) -> params`` or None: applied by the train step to
+    post_update: optional (model settings) -> ``(params, metrics) -> params`` or None: applied by the train step to
       the parameters after every optimizer update, with the step's metrics (X-MoE's centroid rescale,
       ``cosine_routing.expert_norm_hook``; DeepSeek's bias update from the step's load,
       ``deepseek_router.bias_update_hook``).
@@ -153,29 +153,28 @@ def without_added_settings(moe: dict) -> dict:
   return moe
 
 
-def chosen(moe_config) -> tuple[RouterEntry, Any]:
-  """The registry entry of ``moe_config.router`` and its settings (typed: ``entry.settings``)."""
-  moe = settings_lib.typed(MoESettings, moe_config)
+def chosen(moe: MoESettings) -> tuple[RouterEntry, Any]:
+  """The registry entry of ``moe.router`` and its settings (an ``entry.settings``)."""
   if moe.router not in ROUTERS:
     raise ValueError(f"unknown router {moe.router!r}; choose one of {sorted(ROUTERS)}")
   return ROUTERS[moe.router], moe.router_settings()
 
 
-def gate_kind(moe_config) -> str:
+def gate_kind(moe: MoESettings) -> str:
   """What the chosen router's gate is (``GATE_KINDS``)."""
-  entry, settings = chosen(moe_config)
+  entry, settings = chosen(moe)
   return entry.gate_kind(settings)
 
 
-def gate_scale(moe_config) -> float:
+def gate_scale(moe: MoESettings) -> float:
   """The factor on the chosen router's gate range."""
-  entry, settings = chosen(moe_config)
+  entry, settings = chosen(moe)
   return float(entry.gate_scale(settings))
 
 
-def top_k(moe_config) -> int:
+def top_k(moe: MoESettings) -> int:
   """The experts each token is routed to by the chosen router."""
-  entry, settings = chosen(moe_config)
+  entry, settings = chosen(moe)
   return int(entry.top_k(settings))
 
 
@@ -185,36 +184,31 @@ def collapse_cures(router: str) -> tuple[str, ...]:
   return entry.collapse_cures if entry is not None else ()
 
 
-def post_update_hook(model_config) -> Callable[[dict], dict] | None:
+def post_update_hook(model: ModelSettings) -> Callable[[dict], dict] | None:
   """The chosen router's ``post_update`` hook for this model (``(params, metrics) -> params``), or None: no hook, a
   dense model, or no MoE layer. The train step applies it after every optimizer update."""
-  if model_config is None:
-    return None
-  model = settings_lib.typed(ModelSettings, model_config)
   entry = ROUTERS.get(model.moe.router)
   if not model.has_moe_layers or entry is None or entry.post_update is None:
     return None
   return entry.post_update(model)
 
 
-def make_router(moe_config, *, vocab_size: int) -> nn.Module:
-  """Builds the router named by ``moe_config.router`` from its own section ``moe_config[router]``: an unbound
-  module named "router" (``parent=None``), for the model to pass into a MoE layer (which adopts it) or to call
-  on its own."""
-  moe = settings_lib.typed(MoESettings, moe_config)
+def make_router(moe: MoESettings, *, vocab_size: int) -> nn.Module:
+  """Builds the router named by ``moe.router`` from its own section (``moe.router_settings()``): an unbound module
+  named "router" (``parent=None``), for the model to pass into a MoE layer (which adopts it) or to call on its
+  own."""
   entry, settings = chosen(moe)
-  return entry.build(settings, moe_config=moe, num_experts=moe.num_experts, vocab_size=vocab_size)
+  return entry.build(settings, moe=moe, num_experts=moe.num_experts, vocab_size=vocab_size)
 
 
-def fill_tables_from_data(params: dict, model_config, token_counts: Callable[[], np.ndarray]) -> dict:
+def fill_tables_from_data(params: dict, model: ModelSettings, token_counts: Callable[[], np.ndarray]) -> dict:
   """Applies the chosen router's ``fill_from_data`` to every MoE layer's router parameters.
 
   Args:
     params: the freshly initialised model parameters.
-    model_config: the ``model`` config.
+    model: the ``model`` settings.
     token_counts: returns the training split's token counts, int [model.vocab_size] (called only if needed).
   """
-  model = settings_lib.typed(ModelSettings, model_config)
   moe = model.moe
   entry = ROUTERS.get(moe.router)
   if not model.has_moe_layers or entry is None or entry.fill_from_data is None:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from stablemoe_jax.core.settings.routers import COSINE_KEYS
 from stablemoe_jax.models.cosine_routing import check_affinity_keys, cosine_kwargs
-from stablemoe_jax.models.learned_router import DistilledRouterSpec, LearnedRouter, distilled_section, distilled_spec
+from stablemoe_jax.models.learned_router import DistilledRouterSpec, LearnedRouter, distilled_spec
 from stablemoe_jax.models.routing import BALANCE_SCOPES, router_z_loss, stablemoe_balance_loss
 
 # Keys a preset may change while another router is chosen (``RouterEntry.preset_keys``): z_loss_weight and the
@@ -72,19 +72,19 @@ def StableMoERouter(num_experts: int, vocab_size: int, distill_dim: int = 50, ba
                        **module_kwargs)
 
 
-def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
+def build(settings, *, moe, num_experts: int, vocab_size: int) -> nn.Module:
   """The router of ``model.moe.stablemoe`` (``settings``), named "router"."""
   return StableMoERouter(num_experts, vocab_size, balance_alpha=settings.balance_alpha,
                          balance_scope=settings.balance_scope,
                          z_loss_weight=settings.z_loss_weight, **cosine_kwargs(settings),
-                         distill_weight=distilled_section(moe_config).distill_weight,
+                         distill_weight=moe.distilled_router.distill_weight,
                          centroid_gain=settings.centroid_gain,
-                         distilled=distilled_spec(moe_config, settings.centroid_gain), name="router", parent=None)
+                         distilled=distilled_spec(moe, settings.centroid_gain), name="router", parent=None)
 
 
-def check(s, moe_config) -> list[str]:
+def check(s, moe) -> list[str]:
   """The problems of the section ``model.moe.stablemoe``, one message each."""
-  del moe_config
+  del moe
   get = lambda key: getattr(s, key)
   problems = [f"model.moe.stablemoe.{k}={get(k)} must be >= 0 (0 turns it off)." for k in
               ("balance_alpha", "centroid_gain", "z_loss_weight") if get(k) < 0]

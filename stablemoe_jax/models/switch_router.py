@@ -83,24 +83,24 @@ def top_k(settings) -> int:
   return int(settings.top_k)
 
 
-def build(settings, *, moe_config, num_experts: int, vocab_size: int) -> nn.Module:
+def build(settings, *, moe, num_experts: int, vocab_size: int) -> nn.Module:
   """The router of ``model.moe.switch`` (``settings``), named "router"."""
   policy = SwitchSoftmax(settings.balance_weight, settings.z_loss_weight, top_k(settings))
   return LearnedRouter(num_experts=num_experts, policy=policy,
                        vocab_size=vocab_size, centroid_gain=0.0, jitter=settings.jitter, **cosine_kwargs(settings),
-                       **two_stage_kwargs(settings, moe_config, 0.1), name="router", parent=None)
+                       **two_stage_kwargs(settings, moe, 0.1), name="router", parent=None)
 
 
-def check(s, moe_config) -> list[str]:
+def check(s, moe) -> list[str]:
   """The problems of the section ``model.moe.switch``, one message each."""
   problems = [f"model.moe.switch.{k}={getattr(s, k)} must be >= 0." for k in ("balance_weight", "z_loss_weight")
               if getattr(s, k) < 0]
   if not 0 <= s.jitter < 1:
     problems.append(f"model.moe.switch.jitter={s.jitter} must lie in [0, 1) (0 turns it off).")
   k = s.top_k
-  if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= moe_config.num_experts:
+  if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= moe.num_experts:
     problems.append(f"model.moe.switch.top_k={k!r} must be an integer in [1, model.moe.num_experts="
-                    f"{moe_config.num_experts}] (1: Switch; 2: GShard / Mixtral).")
+                    f"{moe.num_experts}] (1: Switch; 2: GShard / Mixtral).")
   elif k > 1 and s.fixed_routing:
     problems.append(f"model.moe.switch.top_k={k} needs model.moe.switch.fixed_routing=False: the distilled router "
                     f"routes each token to one expert; set --config.model.moe.switch.top_k=1 or drop fixed_routing.")

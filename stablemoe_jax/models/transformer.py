@@ -12,7 +12,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.settings import ModelSettings
 from stablemoe_jax.models.experts import FFNExperts, apply_ffn_experts
 from stablemoe_jax.models.head import HeadInputs, embedding_init, padded_vocab_size
@@ -49,9 +48,9 @@ def moe_positions(num_layers: int, placement: str) -> tuple[int, ...]:
   return table[placement]
 
 
-def has_moe_layers(model_config) -> bool:
+def has_moe_layers(model: ModelSettings) -> bool:
   """Whether the model routes tokens at all (a dense baseline with ``dense_match`` has none)."""
-  return settings_lib.typed(ModelSettings, model_config).has_moe_layers
+  return model.has_moe_layers
 
 
 def count_params(model: ModelSettings, seq_len: int = 8) -> int:
@@ -84,7 +83,7 @@ def _dense_plan(model: ModelSettings) -> tuple[int, int]:
   return sublayers, max(1, round((extra / sublayers - 3 * d) / (2 * d + 1)))
 
 
-def dense_match_plan(model_config) -> tuple[int, int]:
+def dense_match_plan(model: ModelSettings) -> tuple[int, int]:
   """(FFN sublayers, width) at each MoE position of the dense model matching the MoE model.
 
   ``model.dense_match``: "deeper" keeps the expert width and adds sublayers (as many as the experts' parameters
@@ -94,21 +93,20 @@ def dense_match_plan(model_config) -> tuple[int, int]:
   MoE layer with n shared experts (``model.moe.shared_experts``) applies to each token (its router aside): one
   expert's FFN for top-1 routing.
   """
-  return _dense_plan(settings_lib.typed(ModelSettings, model_config))
+  return _dense_plan(model)
 
 
-def attention_implementation(model_config, backend: str | None = None) -> str:
+def attention_implementation(model: ModelSettings, backend: str | None = None) -> str:
   """``model.attention`` resolved for ``backend`` (default: JAX's): "xla" or "cudnn".
 
   "auto" is cuDNN's fused (flash) attention on a GPU when the compute dtype is bfloat16 / float16 and
   the head dimension is a multiple of 8 of at most 128 (what cuDNN's kernel takes), XLA's elsewhere.
   "cudnn" where it cannot run raises ValueError here, at trace time, before anything is compiled.
   """
-  model_config = settings_lib.typed(ModelSettings, model_config)
-  name = model_config.attention
+  name = model.attention
   backend = backend or jax.default_backend()
-  dtype = jnp.dtype(model_config.dtype)
-  head_dim = model_config.d_model // model_config.num_heads
+  dtype = jnp.dtype(model.dtype)
+  head_dim = model.d_model // model.num_heads
   if name == "auto":
     fits = backend == "gpu" and dtype in _CUDNN_DTYPES and head_dim % 8 == 0 and head_dim <= 128
     return "cudnn" if fits else "xla"
@@ -118,7 +116,7 @@ def attention_implementation(model_config, backend: str | None = None) -> str:
                        f"use --config.model.attention=auto (xla here) or xla.")
     if dtype not in _CUDNN_DTYPES:
       raise ValueError(f"model.attention='cudnn' needs model.dtype bfloat16 or float16 (got "
-                       f"{model_config.dtype!r}); use --config.model.attention=auto or --config.model.dtype=bfloat16.")
+                       f"{model.dtype!r}); use --config.model.attention=auto or --config.model.dtype=bfloat16.")
   elif name not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f"model.attention={name!r} is unknown; choose one of {ATTENTION_IMPLEMENTATIONS}.")
   return name

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from stablemoe_jax.core.run_view import RunView
-from stablemoe_jax.core.settings import ModelSettings, RunSettings
+from stablemoe_jax.core.settings import LMDataSettings, ModelSettings, RunSettings, TranslationDataSettings
 
 Batch = dict[str, Any]
 
@@ -26,9 +26,9 @@ class Task(Protocol):
 
   name: str
 
-  def load_data(self, data_config, prepared_dir) -> Any:
-    """Prepares (or reuses) the tokenizer and records of ``data_config`` (the task's data settings, or the config's
-    ``data`` section) under ``prepared_dir``; returns the data object.
+  def load_data(self, data: LMDataSettings | TranslationDataSettings, prepared_dir) -> Any:
+    """Prepares (or reuses) the tokenizer and records of ``data`` (the task's typed data settings,
+    ``RunSettings.data``) under ``prepared_dir``; returns the data object.
 
     The object has ``vocab_size`` and ``tokenizer``.
     """

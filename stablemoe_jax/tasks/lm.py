@@ -19,8 +19,8 @@ class LanguageModelTask:
 
   name = "lm"
 
-  def load_data(self, data_config, prepared_dir):
-    return data_lib.load_lm_data(data_config, prepared_dir)
+  def load_data(self, data: settings_lib.LMDataSettings, prepared_dir):
+    return data_lib.load_lm_data(data, prepared_dir)
 
   def build_model(self, model: settings_lib.ModelSettings):
     return TransformerLM(model)
@@ -82,7 +82,7 @@ class LanguageModelTask:
     scored on its own as ``evaluate`` scores a split (both held-out splits whatever ``split`` is: they are small);
     {} without sets."""
     del split  # every set's valid and test are reported
-    sets = eval_sets.parse(run.config.data)
+    sets = eval_sets.parse(run.settings.data)
     if not sets:
       return {}
     batches = run.final_eval_batches

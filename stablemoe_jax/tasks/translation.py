@@ -74,16 +74,16 @@ class TranslationTask:
     self._label_smoothing = float(settings.train.label_smoothing)
     self._pack = settings.data.pack_pairs
 
-  def load_data(self, data_config, prepared_dir):
-    corpus = settings_lib.typed(settings_lib.TranslationDataSettings, data_config).corpus
+  def load_data(self, data: settings_lib.TranslationDataSettings, prepared_dir):
+    corpus = data.corpus
     # A user's files and WMT go through `prepare` (pair shards); Multi30k and the Bible are encoded here if not.
     if corpus in ("files", "wmt") and not (pathlib.Path(prepared_dir) / "translation" / data_lib.MANIFEST).is_file():
       if corpus == "wmt":
-        wmt.require_prepared(data_config)
+        wmt.require_prepared(data)
       raise data_lib.DataNotFoundError(
           f"data.corpus={corpus!r}: nothing prepared in {prepared_dir}; first run `python -m "
-          f"stablemoe_jax.data.prepare --config CONFIG --workdir WORKDIR` with this config and workdir.")
-    return data_lib.load_translation_data(data_config, pathlib.Path(prepared_dir))
+          f"stablemoe_jax.prepare --config CONFIG --workdir WORKDIR` with this config and workdir.")
+    return data_lib.load_translation_data(data, pathlib.Path(prepared_dir))
 
   def build_model(self, model: settings_lib.ModelSettings):
     return TransformerSeq2Seq(model)

@@ -71,8 +71,8 @@ class GuardSettings:
   gate_scale: float = 1.0  # the router's factor on its gate (DeepSeek's routed_scale)
 
   @classmethod
-  def from_config(cls, config) -> "GuardSettings":
-    run = settings_lib.from_config(config)
+  def from_settings(cls, run: settings_lib.RunSettings) -> "GuardSettings":
+    """The guard's thresholds and the chosen router's gate from a run's settings."""
     section, moe = run.health, run.model.moe
     after = section.after_step
     router = moe.router
@@ -436,17 +436,16 @@ def stop_message(collapse: Collapse, last_checkpoint: int | None) -> str:
           f"--config.health.on_collapse=warn to train on regardless.")
 
 
-def check_config(config) -> None:
-  """The ``health`` section (optional: a config without it gets ``core.settings.HealthSettings``' defaults; an
-  unknown key is ``settings.typed``'s error)."""
-  section = settings_lib.from_config(config).health
+def check_config(run: settings_lib.RunSettings) -> None:
+  """The ``health`` section (a config without it gets ``core.settings.HealthSettings``' defaults)."""
+  section = run.health
   get = lambda key: getattr(section, key)
   for key in ("min_contribution", "max_top2_load", "min_gate_position", "min_load_balance"):
     require(0.0 <= get(key) <= 1.0, f"health.{key}={get(key)} must lie in [0, 1]; the default is "
                                     f"--config.health.{key}={getattr(HealthSettings, key)}.")
   require(get("patience") >= 1, f"health.patience={get('patience')} must be >= 1 (consecutive log windows of "
                                 f"train.log_every steps before a layer's load is judged degenerate or warned about).")
-  train = config.train
+  train = run.train
   require(-1 <= get("after_step") < train.steps,
           f"health.after_step={get('after_step')} must lie in [-1, train.steps={train.steps}) (-1: the end of the "
           f"warmup, train.warmup_steps); set --config.health.after_step=-1.")

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from stablemoe_jax.core.settings import TrainSettings, typed
+from stablemoe_jax.core.settings import TrainSettings
 from stablemoe_jax.models.distill import DISTILLED_ROUTER_NAME
 from stablemoe_jax.train.schedules import inverse_sqrt_schedule
 
@@ -36,28 +36,25 @@ def param_labels(params, separate_router: bool = False) -> dict:
   return jax.tree_util.tree_map_with_path(label, params)
 
 
-def router_lr_multiplier(train_config) -> optax.Schedule:
+def router_lr_multiplier(train: TrainSettings) -> optax.Schedule:
   """count -> ``train.router_lr_scale * min(1, count / train.router_warmup_steps)`` (no warmup if 0)."""
-  train = typed(TrainSettings, train_config)
   scale, warmup = float(train.router_lr_scale), int(train.router_warmup_steps)
   if warmup <= 0:
     return lambda count: jnp.asarray(scale, jnp.float32)
   return lambda count: scale * jnp.minimum(1.0, jnp.asarray(count, jnp.float32) / warmup)
 
 
-def separate_router_optimizer(train_config) -> bool:
+def separate_router_optimizer(train: TrainSettings) -> bool:
   """Whether the router's parameters get their own chain (only when a setting differs from the shared one, so the
   default's optimizer state and numerics are the same as without these settings)."""
-  train = typed(TrainSettings, train_config)
   return train.router_lr_scale != 1.0 or train.router_warmup_steps > 0
 
 
-def learning_rate_schedule(train_config) -> optax.Schedule:
+def learning_rate_schedule(train: TrainSettings) -> optax.Schedule:
   """Linear warmup from 0 to ``learning_rate`` over ``warmup_steps``, then linear decay to 0 at ``steps``.
 
   ``train.schedule = "inverse_sqrt"`` (translation): the same warmup, then ``learning_rate * sqrt(warmup / step)``.
   """
-  train = typed(TrainSettings, train_config)
   peak, warmup, total = train.learning_rate, train.warmup_steps, train.steps
   if train.schedule == "inverse_sqrt":
     return inverse_sqrt_schedule(peak, warmup)
@@ -67,23 +64,22 @@ def learning_rate_schedule(train_config) -> optax.Schedule:
   )
 
 
-def make_optimizer(train_config) -> optax.GradientTransformation:
+def make_optimizer(train: TrainSettings) -> optax.GradientTransformation:
   """The full optimizer; ``update`` must be called once per train step (its counts are the step)."""
-  train_config = typed(TrainSettings, train_config)
-  schedule = learning_rate_schedule(train_config)
-  stage1_steps = train_config.stage1_steps
+  schedule = learning_rate_schedule(train)
+  stage1_steps = train.stage1_steps
 
   def adam():
-    return optax.adam(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2, eps=train_config.adam_eps)
+    return optax.adam(schedule, b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps)
 
   freeze_at_boundary = optax.scale_by_schedule(lambda count: (count < stage1_steps).astype(jnp.float32))
   transforms = {TRAINED: adam(), FROZEN_AFTER_STAGE1: optax.chain(adam(), freeze_at_boundary)}
-  separate = separate_router_optimizer(train_config)
+  separate = separate_router_optimizer(train)
   if separate:
-    multiplier = router_lr_multiplier(train_config)
-    transforms[ROUTER] = optax.adam(lambda count: schedule(count) * multiplier(count), b1=train_config.adam_b1,
-                                    b2=train_config.adam_b2, eps=train_config.adam_eps)
+    multiplier = router_lr_multiplier(train)
+    transforms[ROUTER] = optax.adam(lambda count: schedule(count) * multiplier(count), b1=train.adam_b1,
+                                    b2=train.adam_b2, eps=train.adam_eps)
   return optax.chain(
-      optax.clip_by_global_norm(train_config.clip_norm),
+      optax.clip_by_global_norm(train.clip_norm),
       optax.multi_transform(transforms, lambda params: param_labels(params, separate)),
   )

@@ -13,6 +13,7 @@ from tests.conftest import REPO, share_prepared_ptb
 
 from stablemoe_jax.analysis import cohesion, fluctuation, records
 from stablemoe_jax.commands.analyze import analyze_checkpoint
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 
@@ -228,7 +229,7 @@ def test_records_are_written_at_the_record_steps_compactly(recorded_run):
   assert loaded.train.min() >= 0 and loaded.train.max() < 4
   # The sample is the first 1024 tokens of the validation split.
   from stablemoe_jax.data.lm import pipeline as data_lib
-  valid = data_lib.load_lm_data(recorded_run[0].data, workdir / "data").stream("valid")
+  valid = data_lib.load_lm_data(from_config(recorded_run[0]).data, workdir / "data").stream("valid")
   np.testing.assert_array_equal(loaded.sample_tokens, valid.read(0, 1024))
 
 
@@ -322,7 +323,7 @@ def test_analyze_mode_reproduces_the_final_cohesion_table(recorded_run, tmp_path
   distilled = jax.device_get(state.params["moe_0"]["router"]["distilled_router"])
   table = np.argmax(distilled["embedding"] @ distilled["centroids"].T, axis=-1)
   from stablemoe_jax.data.lm import pipeline as data_lib
-  lm_data = data_lib.load_lm_data(config.data, workdir / "data")
+  lm_data = data_lib.load_lm_data(from_config(config).data, workdir / "data")
   stream = lm_data.stream("valid")
   inputs = stream.read(0, len(stream) - 1)  # every position that predicts a next token
   cohesion_json = json.loads(trained["cohesion_valid_step12.json"])["moe_0"]

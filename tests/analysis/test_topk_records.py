@@ -6,6 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from stablemoe_jax.core.settings import MoESettings, typed
 from stablemoe_jax.models.moe import make_moe_layer
 from tests.models.topk_reference import D, FF, SUB, VOCAB, hand_topk_layer, init_layer, moe_config
 
@@ -16,7 +17,7 @@ class _OneLayerModel(nn.Module):
 
   @nn.compact
   def __call__(self, x, ids, in_stage1, deterministic=True):
-    return make_moe_layer(self.cfg, VOCAB, SUB, FF, name="moe_0")(x, ids, in_stage1, deterministic)
+    return make_moe_layer(typed(MoESettings, self.cfg), VOCAB, SUB, FF, name="moe_0")(x, ids, in_stage1, deterministic)
 
 
 @pytest.mark.parametrize("top_k", [2, 1])

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pathlib
 
-import ml_collections
 import numpy as np
 import pytest
 
+from stablemoe_jax.core.settings import LMDataSettings
 from stablemoe_jax.data.common import locate
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.lm import pipeline as data_lib
@@ -32,10 +32,9 @@ def ptb_files(shared_data) -> dict[str, pathlib.Path]:
   return locate.corpus_files(shared_data, 'ptb')
 
 
-def _data_config(data_dir, corpus='ptb', tokenizer='word', sp_vocab=500):
-  return ml_collections.ConfigDict(
-      dict(corpus=corpus, data_dir=str(data_dir), tokenizer=tokenizer, sentencepiece_vocab_size=sp_vocab)
-  )
+def _data_settings(data_dir, corpus='ptb', tokenizer='word', sp_vocab=500) -> LMDataSettings:
+  """The ``data`` settings ``load_lm_data`` takes (the other keys at their defaults)."""
+  return LMDataSettings(corpus=corpus, data_dir=str(data_dir), tokenizer=tokenizer, sentencepiece_vocab_size=sp_vocab)
 
 
 @pytest.fixture(scope='session')
@@ -45,7 +44,7 @@ def prepared_dir(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope='session')
 def ptb(shared_data, prepared_dir) -> data_lib.LMData:
-  return data_lib.load_lm_data(_data_config(shared_data), prepared_dir)
+  return data_lib.load_lm_data(_data_settings(shared_data), prepared_dir)
 
 
 def _reference_stream(tokenizer, path) -> np.ndarray:

@@ -8,6 +8,7 @@ import pytest
 
 from configs import default
 from stablemoe_jax.core.errors import ConfigError
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.experiment import config_validation
 from stablemoe_jax.experiment import plan as plan_lib
 
@@ -67,7 +68,7 @@ def test_the_routing_sample_on_a_launch_of_n_devices(sample_tokens, devices, gro
   config.analysis.sample_tokens, config.analysis.record_every = sample_tokens, record_every
   config.model.moe.num_groups = groups
   if message is None:
-    recorder.check_devices(config, devices)
+    recorder.check_devices(from_config(config), devices)
   else:
     with pytest.raises(ConfigError, match=re.escape(message)):
-      recorder.check_devices(config, devices)
+      recorder.check_devices(from_config(config), devices)

@@ -12,6 +12,7 @@ from stablemoe_jax.core.errors import NonFiniteLossError
 from stablemoe_jax.experiment import actions, loop
 from stablemoe_jax.experiment.clock import TrainClock
 from stablemoe_jax.train import health
+from stablemoe_jax.core.settings import from_config
 
 
 class FakeTime:
@@ -68,7 +69,7 @@ class _Progress:
 
 def _run(wall: FakeTime) -> actions.RunRecord:
   clock = TrainClock(now=wall)
-  guard = health.CollapseGuard(health.GuardSettings.from_config(make_tiny_config("/nowhere")), 0)
+  guard = health.CollapseGuard(health.GuardSettings.from_settings(from_config(make_tiny_config("/nowhere"))), 0)
   return actions.RunRecord(evaluate=None, routing_agreement=None, eval_batches=0, checkpointer=None,
                            writer=_Writer(), progress=_Progress(), guard=guard, clock=clock,
                            window=actions.Window(clock), tokens_per_step=64, trained_tokens=10.0,
@@ -100,6 +101,37 @@ def test_a_window_spanning_a_pause_counts_its_training_time_only():
   with pytest.raises(NonFiniteLossError, match="step 3"):
     actions.log_window(run, 3)
 
+
+
+def test_periodic_work_runs_each_action_at_its_steps_in_order_and_stops_before_the_save(monkeypatch):
+  """6 steps (stage 1 ends at 2, logs every 2, evaluates every 3, saves every 4), each step 1 s and each action
+  1,000 s: the actions in the loop's order at the schedule's steps, the boundary, evaluation and facts probe off the
+  training clock and the log and save on it; with stop_at_step=4, step 4 logs and then stops before its save."""
+  wall, calls = FakeTime(), []
+  run = _run(wall)
+  for name, step_at in (("log_window", 1), ("end_stage1", 1), ("evaluate_and_judge", 1), ("probe_facts", 2),
+                        ("save", 1)):
+    def action(*args, name=name, step_at=step_at):
+      wall.advance(1000)
+      calls.append((args[step_at], name))
+    monkeypatch.setattr(actions, name, action)
+  probe, state = type("Probe", (), {"enabled": True})(), type("State", (), {"params": {}})()
+  schedule = actions.Schedule(steps=6, stage1_steps=2, log_every=2, eval_every=3, checkpoint_every=4)
+  for step in range(1, 7):
+    wall.advance(1)
+    for when, act in actions.periodic_work(schedule, run, iter(()), probe):
+      if when(step):
+        act(step, state, {})
+  assert calls == [(2, "log_window"), (2, "end_stage1"), (3, "evaluate_and_judge"), (3, "probe_facts"),
+                   (4, "log_window"), (4, "save"), (6, "log_window"), (6, "save")]
+  assert run.clock.seconds() == 6 + 5 * 1000  # the 3 logs and 2 saves count, the 3 paused actions do not
+  calls.clear()
+  with pytest.raises(actions.StopTraining) as stopped:
+    for step in range(1, 7):
+      for when, act in actions.periodic_work(schedule, run, iter(()), probe, stop_at_step=4):
+        if when(step):
+          act(step, state, {})
+  assert stopped.value.step == 4 and calls[-1] == (4, "log_window") and (4, "save") not in calls
 
 def _fake_timed_run(monkeypatch, wall: FakeTime) -> None:
   """Each train step takes 1 s of ``wall``, each boundary check and evaluation 1,000 s, nothing else any time."""

@@ -10,11 +10,11 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
+from stablemoe_jax.core.settings import RunSettings, TrainSettings
 from stablemoe_jax.experiment.step import make_eval_step, make_routing_agreement_step, make_train_step
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS
 from stablemoe_jax.train.state import TrainState
@@ -74,9 +74,9 @@ class _MeanTask:
     return {"nll_sum": jnp.sum(logits), "tokens": jnp.asarray(logits.size, jnp.float32)}
 
 
-def _config(microbatches: int = 1):
-  return ml_collections.ConfigDict({"seed": 0, "train": {
-      "stage1_steps": 3, "microbatches": microbatches, "learning_rate": 0.1, "warmup_steps": 2, "steps": 10}})
+def _config(microbatches: int = 1) -> RunSettings:
+  return RunSettings(seed=0, train=TrainSettings(stage1_steps=3, microbatches=microbatches, learning_rate=0.1,
+                                                 warmup_steps=2, steps=10))
 
 
 def _state(tx):

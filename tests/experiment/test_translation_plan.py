@@ -23,7 +23,7 @@ def test_translation_plan_counts_the_real_parameters():
   config.mesh.expert, config.model.moe.num_groups, config.train.batch_size = 2, 2, 8
   task = make_task(from_config(config))
   model = task.build_model(from_config(config).model)
-  real = state_lib.create_train_state(model, make_optimizer(config.train), 0, config.train.seq_len,
+  real = state_lib.create_train_state(model, make_optimizer(from_config(config).train), 0, config.train.seq_len,
                                       sample_inputs=task.sample_inputs(from_config(config)))
   counts = flops.param_counts(jax.device_get(real.params))
   assert sum(x.size for x in jax.tree.leaves(real.params)) == counts["total"]

@@ -63,7 +63,7 @@ SKIPS = {
     ("DEVELOPERS.md", "cp -r .gpu/tune_data /tmp/tune/data"): "GPU machine: .gpu/ is not in the clone",
     ("DEVELOPERS.md", "tar czf '$OUT/tune.tgz'"): "GPU machine: archives its results for the device tool",
     ("docs/data.md", "python -m stablemoe_jax.data.download --dest DIR"): "downloads PTB (network)",
-    ("docs/data.md", "python -m stablemoe_jax.data.prepare --config configs/lm_files.py:lm_base --workdir "
+    ("docs/data.md", "python -m stablemoe_jax.prepare --config configs/lm_files.py:lm_base --workdir "
                      "/shared/runs/base ..."): "a Flink cluster; `...` stands for the file flags above it",
     ("docs/data.md", "'--beam_args=--runner=SparkRunner"): "a Spark cluster (flags of the command above)",
     ("docs/data.md", "'--beam_args=--runner=DataflowRunner"): "Google Cloud Dataflow (flags of the command above)",
@@ -116,7 +116,7 @@ NOT_RUN = {
                            "runs a tiny sweep of the same shape",
 }
 PROGRAMS_WITH_CONFIG = ("stablemoe_jax.main", "stablemoe_jax.compare", "stablemoe_jax.compare.probe",
-                        "stablemoe_jax.data.prepare", "benchmarks.router_geometry", "benchmarks.throughput",
+                        "stablemoe_jax.prepare", "benchmarks.router_geometry", "benchmarks.throughput",
                         "benchmarks.loss_agreement")
 GPUS_PER_HOST = int(re.search(r"--gpus-per-node=(\d+)", (REPO / "launch/slurm.sbatch").read_text()).group(1))
 
@@ -239,7 +239,7 @@ def launches():
 
 # ---- the slow tier: the CPU commands, run for real on the tiny model ------------------------------------------
 NOT_RUN_PROGRAMS = {
-    "stablemoe_jax.data.prepare": "Beam preparation; tests/data/prepare/test_prepare_*.py and test_mt_files.py run it",
+    "stablemoe_jax.prepare": "Beam preparation; tests/data/prepare/test_prepare_*.py and test_mt_files.py run it",
     "stablemoe_jax.data.prepare.union_corpus": "writes the union corpus from the shared data (seconds, 24 MB); "
                                                "tests/data/lm/test_lm_multi.py runs it and checks its lines",
     "stablemoe_jax.analysis.plot": "needs three runs' routing records; tests/analysis/test_analysis.py plots real records",

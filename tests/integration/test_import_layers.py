@@ -2,8 +2,8 @@
 
 Reads every ``import`` statement of ``stablemoe_jax/``, ``configs/`` and ``benchmarks/`` with ``ast`` (those inside
 functions too: a deferred import is still a dependency), builds the file graph and checks it against ``LAYERS``, file
-by file: the entry points too (``cli``, what they share, imports no runner; a launcher such as
-``data/prepare/__main__.py`` only hands over to its command in ``commands/``).
+by file: the entry points too (``cli``, what they share, imports no runner; ``main`` and ``prepare``, the commands
+at the package root, any layer below them; the data layer, ``data/prepare/`` included, none of them).
 Then folder by folder: each folder (package) is one floor of the table (no other folder's module in a row between its
 lowest and highest), and no folder imports a folder above it. Nothing is imported, so the test takes well under a
 second.
@@ -44,16 +44,14 @@ LAYERS = (
     # Entry points ("*": any layer below). `cli` is what they share (flags, user errors as one line): it knows the
     # errors, never a runner.
     ("cli", ("stablemoe_jax.cli",), ("core", "train")),
-    ("entry", ("stablemoe_jax.main", "stablemoe_jax.commands", "stablemoe_jax.compare", "stablemoe_jax.data.download",
-               "stablemoe_jax.data.wmt"), "*"),
-    # A documented `python -m` name inside a lower folder that only hands over to its command in `commands/`.
-    ("launchers", ("stablemoe_jax.data.prepare.__main__",), ("entry",)),
+    ("entry", ("stablemoe_jax.main", "stablemoe_jax.prepare", "stablemoe_jax.commands", "stablemoe_jax.compare",
+               "stablemoe_jax.data.download", "stablemoe_jax.data.wmt"), "*"),
     ("configs", ("configs",), ("core", "data.translation")),
     ("benchmarks", ("benchmarks",), "*"),
 )
 # Layers that take no floor (``folder_floors``): an entry point sits in the folder of the command it runs (``python
-# -m stablemoe_jax.data.prepare``) or at the package root, above every layer, so it takes no part in its folder's.
-UNRANKED = ("cli", "entry", "launchers", "benchmarks")
+# -m stablemoe_jax.data.wmt``) or at the package root, above every layer, so it takes no part in its folder's.
+UNRANKED = ("cli", "entry", "benchmarks")
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -279,20 +277,31 @@ def test_the_old_back_up_imports_are_caught_file_by_file(tmp_path):
   old = import_graph(files)
   assert upward_imports({m: old[m] for m in OLD_BACK_UP_IMPORTS}) == [
       "stablemoe_jax.cli (cli) imports stablemoe_jax.experiment.loop (runners)",
-      "stablemoe_jax.data.prepare.__main__ (launchers) imports stablemoe_jax.cli (cli)",
-      "stablemoe_jax.data.prepare.__main__ (launchers) imports stablemoe_jax.data.prepare.lm (data.prepare)",
-      "stablemoe_jax.data.prepare.__main__ (launchers) imports stablemoe_jax.experiment.config_validation "
+      "stablemoe_jax.data.prepare.__main__ (data.prepare) imports stablemoe_jax.cli (cli)",
+      "stablemoe_jax.data.prepare.__main__ (data.prepare) imports stablemoe_jax.experiment.config_validation "
       "(validation)",
   ]
 
 
-def test_an_entry_point_may_not_import_a_launcher_and_cli_no_entry_point():
+def test_a_command_name_inside_the_data_layer_that_hands_over_to_its_entry_point_is_caught(tmp_path):
+  """Until issue 76 the command was named ``python -m stablemoe_jax.data.prepare``: a ``data/prepare/__main__.py``
+  that only handed over to the command above the layers, one import up from the data layer. The command is
+  ``python -m stablemoe_jax.prepare`` now; such a file would be caught."""
+  files = project_files()
+  files["stablemoe_jax.data.prepare.__main__"] = tmp_path / "__main__.py"
+  files["stablemoe_jax.data.prepare.__main__"].write_text("from stablemoe_jax import prepare\n")
+  old = import_graph(files)
+  assert upward_imports({"stablemoe_jax.data.prepare.__main__": old["stablemoe_jax.data.prepare.__main__"]}) == [
+      "stablemoe_jax.data.prepare.__main__ (data.prepare) imports stablemoe_jax.prepare (entry)"]
+
+
+def test_cli_and_the_data_layer_may_not_import_an_entry_point():
   edges = project_graph()
-  edges["stablemoe_jax.main"].add("stablemoe_jax.data.prepare.__main__")
-  edges["stablemoe_jax.cli"].add("stablemoe_jax.commands.prepare")
+  edges["stablemoe_jax.cli"].add("stablemoe_jax.prepare")
+  edges["stablemoe_jax.data.prepare.lm"].add("stablemoe_jax.prepare")
   assert upward_imports(edges) == [
-      "stablemoe_jax.cli (cli) imports stablemoe_jax.commands.prepare (entry)",
-      "stablemoe_jax.main (entry) imports stablemoe_jax.data.prepare.__main__ (launchers)",
+      "stablemoe_jax.cli (cli) imports stablemoe_jax.prepare (entry)",
+      "stablemoe_jax.data.prepare.lm (data.prepare) imports stablemoe_jax.prepare (entry)",
   ]
 
 

@@ -120,11 +120,11 @@ def _launch(config: str, workdir: pathlib.Path, *overrides: str, devices: int = 
 
 
 @pytest.mark.parametrize("config, command", [
-    ("configs/lm_base.py", "`python -m stablemoe_jax.data.prepare --config configs/lm_base.py --workdir {w} "
+    ("configs/lm_base.py", "`python -m stablemoe_jax.prepare --config configs/lm_base.py --workdir {w} "
                            "--workers 8 --config.data.train_files='GLOB' --config.data.valid_files='GLOB' "
                            "--config.data.test_files='GLOB'`"),
-    ("configs/lm_large.py", "`python -m stablemoe_jax.data.prepare --config configs/lm_large.py --workdir {w} "),
-    ("configs/lm_files.py:lm_base", "`python -m stablemoe_jax.data.prepare --config configs/lm_files.py:lm_base "),
+    ("configs/lm_large.py", "`python -m stablemoe_jax.prepare --config configs/lm_large.py --workdir {w} "),
+    ("configs/lm_files.py:lm_base", "`python -m stablemoe_jax.prepare --config configs/lm_files.py:lm_base "),
     ("configs/mt_wmt.py", "`python -m stablemoe_jax.data.wmt --tfds_data_dir=DIR --pairs=fr-en,cs-en,de-en,"),
 ])
 def test_a_paper_preset_without_its_corpus_stops_on_8_devices_before_preparing_anything(config, command, tmp_path):

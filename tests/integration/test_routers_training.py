@@ -35,7 +35,7 @@ def test_fixed_routing_freezes_the_distilled_router_bit_for_bit(tiny_config, sha
   tiny_config.train.steps, tiny_config.train.stage1_steps = 7, 3
   exp = loop.Experiment(tiny_config, shared_workdir)
   state = exp.init_state()
-  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.settings, exp.task))
   batches = exp.data.train_iterator(4, 16, seed=0)
   history, metrics = [jax.device_get(state.params)], []
   for _ in range(7):
@@ -69,7 +69,7 @@ def test_each_router_trains_on_real_data(tiny_config, shared_workdir, router, se
   exp = loop.Experiment(tiny_config, shared_workdir)
   state = exp.init_state()
   initial = jax.device_get(state.params)
-  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.settings, exp.task))
   batches = exp.data.train_iterator(4, 16, seed=0)
   losses = []
   for _ in range(20):

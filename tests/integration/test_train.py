@@ -27,7 +27,7 @@ def test_distilled_router_frozen_bit_for_bit_over_stage2_while_gate_learns(tiny_
   share_prepared_ptb(prepared_ptb, tmp_path)
   exp = loop.Experiment(tiny_config, tmp_path)
   state = exp.init_state()
-  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.settings, exp.task))
   batches = exp.data.train_iterator(4, 16, seed=0)
   history = [jax.device_get(state.params)]
   stages = []
@@ -63,9 +63,9 @@ def test_optimizer_freezes_exactly_the_distilled_router_from_the_stage1_boundary
   (steps - warmup) at update count c), global-norm clipping in numpy; the distilled router's update is exactly 0 from
   count stage1_steps on, every other leaf (also a sibling named like it) always gets its Adam update."""
   from stablemoe_jax.train import optimizer
-  from ml_collections import ConfigDict
-  cfg = ConfigDict(dict(learning_rate=0.01, warmup_steps=2, steps=10, stage1_steps=4, adam_b1=0.9, adam_b2=0.98,
-                        adam_eps=1e-8, clip_norm=1.0))
+  from stablemoe_jax.core.settings import TrainSettings
+  cfg = TrainSettings(learning_rate=0.01, warmup_steps=2, steps=10, stage1_steps=4, adam_b1=0.9, adam_b2=0.98,
+                      adam_eps=1e-8, clip_norm=1.0)
   params = {"moe_0": {"router": {"centroids": np.zeros(3, np.float32),
                                  "distilled_router": {"embedding": np.zeros(2, np.float32)}}},
             "distilled": np.zeros(2, np.float32)}  # not under a distilled_router: trained

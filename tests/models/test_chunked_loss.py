@@ -121,11 +121,11 @@ def test_chunked_losses_in_bfloat16_keep_float32_gradients():
 
 def test_padded_vocab_size():
   config = mt_fixtures.tiny_model_config(vocab_size=50257).model
-  assert padded_vocab_size(config) == 50257
+  assert padded_vocab_size(typed(ModelSettings, config)) == 50257
   config.vocab_multiple = 128
-  assert padded_vocab_size(config) == 50304
+  assert padded_vocab_size(typed(ModelSettings, config)) == 50304
   config.vocab_multiple, config.vocab_size = 128, 256
-  assert padded_vocab_size(config) == 256
+  assert padded_vocab_size(typed(ModelSettings, config)) == 256
 
 
 def test_new_keys_are_validated():
@@ -222,7 +222,7 @@ def test_lm_loss_gradients_and_eval_sums_with_the_keys_on(chunk, multiple):
   batch, task = _lm_batch(), LanguageModelTask()
   assert batch["weights"].sum() == 4 * 16 - 7
   on_config, on_model = _lm_setup(multiple, chunk)
-  on_params = _pad_params(params, padded_vocab_size(on_config.model)) if multiple else params
+  on_params = _pad_params(params, padded_vocab_size(typed(ModelSettings, on_config.model))) if multiple else params
   _assert_the_same_training_and_evaluation(model, on_model, task, params, on_params, batch, chunk, 50)
   if multiple:  # the logits the models return (analysis, decoding) have V columns; argmax is never a padded id
     logits = on_model.apply({"params": on_params}, batch["inputs"], jnp.array(False)).logits()
@@ -253,7 +253,7 @@ def test_translation_smoothed_loss_gradients_and_eval_sums_with_the_keys_on(chun
   on_config = ml_collections.ConfigDict(config.model.to_dict())  # the reference model keeps its own
   on_config.loss_chunk_tokens, on_config.vocab_multiple = chunk, multiple
   on_model = TransformerSeq2Seq(typed(ModelSettings, on_config))
-  on_params = _pad_params(params, padded_vocab_size(on_config)) if multiple else params
+  on_params = _pad_params(params, padded_vocab_size(typed(ModelSettings, on_config))) if multiple else params
   _assert_the_same_training_and_evaluation(model, on_model, task, params, on_params, _mt_batch(), chunk, 40)
 
 

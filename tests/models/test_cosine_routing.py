@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from configs import default, tune_cpu
+from stablemoe_jax.core.settings import MoESettings, ModelSettings, TrainSettings, typed
 from stablemoe_jax.core.settings.routers import COSINE_KEYS
 from stablemoe_jax.compare import methods
 from stablemoe_jax.experiment import loop
@@ -117,7 +118,7 @@ def test_expert_norm_hook_after_one_adam_step_against_numpy():
   h = jax.random.normal(jax.random.key(0), (16, D)) * 3 + 1
   ids = jax.random.randint(jax.random.key(4), (16,), 0, VOCAB)
   model_config = _model_config(affinity="cosine", cosine_dim=6, cosine_expert_norm=1.5)
-  router = routers.make_router(model_config.moe, vocab_size=VOCAB)
+  router = routers.make_router(typed(MoESettings, model_config.moe), vocab_size=VOCAB)
   params = {"moe_0": {"router": router.init(jax.random.key(1), h, ids, jnp.array(True))["params"]}}
   np.testing.assert_allclose(_row_norms(params["moe_0"]["router"]["centroids"]), 1.5, rtol=1e-6)
 
@@ -127,9 +128,10 @@ def test_expert_norm_hook_after_one_adam_step_against_numpy():
     return jnp.sum(routing.gate[:, 0] * jnp.arange(16.0)) + sum(v[0] for v in sown["aux_loss"].values())
 
   grads = jax.grad(loss)(params)
-  tx = optimizer.make_optimizer(_train_config())  # the real chain: clipping, multi_transform, the distilled freeze
+  # the real chain: clipping, multi_transform, the distilled freeze
+  tx = optimizer.make_optimizer(typed(TrainSettings, _train_config()))
   updates, _ = tx.update(grads, tx.init(params), params)
-  hook = cosine_routing.expert_norm_hook(model_config)
+  hook = cosine_routing.expert_norm_hook(typed(ModelSettings, model_config))
   new = hook(optax.apply_updates(params, updates))
 
   p0, g = _np(params), _np(grads)
@@ -150,20 +152,20 @@ def test_expert_norm_hook_after_one_adam_step_against_numpy():
 
 
 def test_expert_norm_hook_is_off_unless_a_chosen_cosine_router_sets_a_norm():
-  assert cosine_routing.expert_norm_hook(None) is None
-  assert cosine_routing.expert_norm_hook(default.get_config().model) is None  # the default: cosine, norm 0
-  assert cosine_routing.expert_norm_hook(_model_config(affinity="cosine", cosine_expert_norm=1.5)) is not None
-  assert cosine_routing.expert_norm_hook(_model_config("switch", affinity="cosine", cosine_expert_norm=1.5))
+  hook = lambda model_config: cosine_routing.expert_norm_hook(typed(ModelSettings, model_config))
+  assert hook(default.get_config().model) is None  # the default: cosine, norm 0
+  assert hook(_model_config(affinity="cosine", cosine_expert_norm=1.5)) is not None
+  assert hook(_model_config("switch", affinity="cosine", cosine_expert_norm=1.5))
   # A preset on another router's section, the MoE layer off, or a dense baseline: nothing to hold.
   preset = _model_config("base")
   preset.moe.stablemoe.cosine_expert_norm = 1.5
-  assert cosine_routing.expert_norm_hook(preset) is None
+  assert hook(preset) is None
   off = _model_config(affinity="cosine", cosine_expert_norm=1.5)
   off.moe.enabled = False
-  assert cosine_routing.expert_norm_hook(off) is None
+  assert hook(off) is None
   dense = _model_config(affinity="cosine", cosine_expert_norm=1.5)
   dense.dense_match = "deeper"
-  assert cosine_routing.expert_norm_hook(dense) is None
+  assert hook(dense) is None
 
 
 # --- Switch with cosine routing -----------------------------------------------------------------------------------
@@ -173,7 +175,7 @@ def test_switch_cosine_scores_gate_assignment_and_loss_against_numpy(expert_norm
   h = jax.random.normal(jax.random.key(0), (12, D)) * 5 + 2
   moe = _model_config("switch", affinity="cosine", cosine_dim=6, cosine_temperature=0.25,
                       cosine_expert_norm=expert_norm, balance_weight=0.5).moe
-  router = routers.make_router(moe, vocab_size=VOCAB)
+  router = routers.make_router(typed(MoESettings, moe), vocab_size=VOCAB)
   params = router.init(jax.random.key(1), h, jnp.zeros(12, jnp.int32), jnp.array(True))["params"]
   assert set(params) == {"centroids", "cosine_projection", "logit_scale"}
   assert float(params["logit_scale"]) == pytest.approx(np.log(4.0))
@@ -207,7 +209,7 @@ def test_switch_with_the_new_keys_at_their_defaults_is_the_router_before_them_bi
   ids = jnp.zeros(32, jnp.int32)
   results = []
   for section in (moe, old):
-    router = routers.make_router(section, vocab_size=50)
+    router = routers.make_router(typed(MoESettings, section), vocab_size=50)
     params = router.init(jax.random.key(2), h, ids, jnp.array(True))["params"]
     results.append((params, _apply(router, params, h)))
   (p_new, (r_new, s_new)), (p_old, (r_old, s_old)) = results
@@ -275,7 +277,7 @@ def test_xmoe_trains_with_the_norm_held_every_step_and_the_freeze_intact(tiny_co
   share_prepared_ptb(prepared_ptb, tmp_path)
   exp = loop.Experiment(config, tmp_path)
   state = exp.init_state()
-  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.settings, exp.task))
   batches = exp.data.train_iterator(4, 16, seed=0)
   centroids, distilled, losses = [], [], []
   for _ in range(6):

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import jit_init
 
 from configs import default
-from stablemoe_jax.core.settings import DeepSeekSettings
+from stablemoe_jax.core.settings import DeepSeekSettings, ModelSettings, MoESettings, from_config, typed
 from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models import deepseek_router, routers
 from stablemoe_jax.models.moe import make_moe_layer
@@ -84,7 +84,7 @@ def test_gate_metrics_read_each_tokens_largest_gate_when_the_bias_ranks_the_smal
 class _OneLayerModel(nn.Module):
   """``x [B, S, D] -> the deepseek MoE layer "moe_0" of x``: the train step's model interface, nothing else."""
 
-  moe: ml_collections.ConfigDict
+  moe: MoESettings
 
   @nn.compact
   def __call__(self, x, in_stage1, deterministic=True):
@@ -154,7 +154,7 @@ def test_the_optimizer_leaves_the_bias_alone_while_the_hook_moves_it():
   from stablemoe_jax.experiment.step import make_train_step
   from stablemoe_jax.train.optimizer import make_optimizer
   from stablemoe_jax.train.state import TrainState
-  config = _bias_step_config()
+  config = from_config(_bias_step_config())
   model, tx = _OneLayerModel(config.model.moe), make_optimizer(config.train)
   params = nn.unbox(jit_init(model, 1, _batch(0)["x"], jnp.array(True))["params"])
   state = TrainState(step=jnp.asarray(0, jnp.int32), params=params, opt_state=tx.init(params))
@@ -215,7 +215,7 @@ def test_sequence_balance_loss_by_hand():
 
 
 def test_bias_update_over_three_steps_by_hand():
-  hook = deepseek_router.bias_update_hook(ml_collections.ConfigDict({"moe": {"deepseek": section(
+  hook = deepseek_router.bias_update_hook(typed(ModelSettings, {"moe": {"deepseek": section(
       bias_update_rate=0.01)}}))
   params = {"moe_0": {"router": {"expert_bias": jnp.zeros(E), "centroids": jnp.ones((E, D))}},
             "encoder_moe_1": {"router": {"expert_bias": jnp.full((E,), 0.5)}}}
@@ -230,13 +230,13 @@ def test_bias_update_over_three_steps_by_hand():
     np.testing.assert_allclose(params["encoder_moe_1"]["router"]["expert_bias"], other, atol=1e-7)
   np.testing.assert_allclose(bias, [0.0, -0.02, 0.03, 0.01], atol=1e-7)  # -, 0, +; -, 0, -; +, +, +; +, -, +
   np.testing.assert_array_equal(params["moe_0"]["router"]["centroids"], 1.0)  # nothing else moves
-  assert deepseek_router.bias_update_hook(ml_collections.ConfigDict(
+  assert deepseek_router.bias_update_hook(typed(ModelSettings,
       {"moe": {"deepseek": section(bias_update_rate=0.0)}})) is None
 
 
 def test_layer_against_the_per_token_loop_with_capacity():
   cfg = moe_config(capacity_factor=0.75, routed_scale=1.5)
-  layer = make_moe_layer(cfg, VOCAB, SUB, FF)
+  layer = make_moe_layer(typed(MoESettings, cfg), VOCAB, SUB, FF)
   x = jax.random.normal(jax.random.key(0), (2, 12, D))
   ids = jnp.zeros((2, 12), jnp.int32)
   params = nn.unbox(jit_init(layer, 2, x, ids, jnp.array(True))["params"])
@@ -274,7 +274,7 @@ def _guard_settings(**changes):
   config.model.moe.router = "deepseek"
   for key, value in changes.items():
     config.model.moe.deepseek[key] = value
-  return health.GuardSettings.from_config(config)
+  return health.GuardSettings.from_settings(from_config(config))
 
 
 def test_gate_range_and_planted_collapses_are_caught():
@@ -342,7 +342,7 @@ def test_a_deepseek_setting_under_another_router_is_an_error():
   config.model.moe.deepseek.bias_update_rate = 0.01
   with pytest.raises(ConfigError, match="is a setting of router 'deepseek'"):
     validate_config(config)
-  assert routers.top_k(config.model.moe) == 1
+  assert routers.top_k(typed(MoESettings, config.model.moe)) == 1
 
 
 # --- in training -----------------------------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def test_train_step_moves_the_bias_by_the_steps_load_and_the_optimizer_never_doe
   tiny_config.model.moe.shared_experts = 1
   exp = loop.Experiment(tiny_config, tmp_path)
   state = exp.init_state()
-  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.settings, exp.task))
   batches = exp.data.train_iterator(4, 16, seed=0)
   bias = np.zeros(4, np.float32)
   initial = jax.device_get(state.params)

@@ -67,7 +67,7 @@ def test_dense_matched_models_count_every_ffn_sublayer(dense_match):
   config.dense_match = dense_match
   model = TransformerLM(typed(ModelSettings, config))
   params = jit_init(model, 0, jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"]
-  sublayers, width = dense_match_plan(config)
+  sublayers, width = dense_match_plan(typed(ModelSettings, config))
   analytic = flops.forward_flops_per_token(params, SEQ)
   assert analytic == _hand_count(64, 256, 2, 1000, SEQ) + sublayers * 4 * 64 * width
   assert flops.param_counts(params)["expert"] == 0
@@ -142,7 +142,7 @@ def test_flops_matched_dense_model_computes_what_a_topk_token_does(top_k, shared
   dense.dense_match = "flops"
   shapes = lambda cfg: jax.eval_shape(lambda: TransformerLM(typed(ModelSettings, cfg)).init(
       jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32), jnp.array(False))["params"])
-  assert dense_match_plan(dense) == (2, (top_k + shared) * 128)
+  assert dense_match_plan(typed(ModelSettings, dense)) == (2, (top_k + shared) * 128)
   router = 2 * 4 * 64  # switch's centroids [N, d]
   assert (flops.forward_flops_per_token(shapes(dense), SEQ)
           == flops.forward_flops_per_token(shapes(moe), SEQ, top_k=top_k) - router)

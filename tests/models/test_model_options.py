@@ -40,9 +40,10 @@ def _init(model):
 
 def test_attention_auto_is_xla_on_cpu_and_cudnn_fails_clearly_before_compiling():
   config = _config(dtype="bfloat16")
-  assert attention_implementation(config.model) == "xla"  # this test machine's backend is the CPU
-  assert attention_implementation(config.model, backend="gpu") == "cudnn"
-  assert attention_implementation(_config().model, backend="gpu") == "xla"  # float32: cuDNN's kernel needs bf16
+  assert attention_implementation(typed(ModelSettings, config.model)) == "xla"  # this test machine's backend is the CPU
+  assert attention_implementation(typed(ModelSettings, config.model), backend="gpu") == "cudnn"
+  # float32: cuDNN's kernel needs bf16
+  assert attention_implementation(typed(ModelSettings, _config().model), backend="gpu") == "xla"
   config.model.attention = "cudnn"
   validate_config(config)  # the config alone is fine: it cannot know the machine
   with pytest.raises(ConfigError, match="needs an NVIDIA GPU, but JAX's backend is 'cpu'"):

@@ -10,11 +10,10 @@ from tests.conftest import jit_init
 
 from stablemoe_jax.models import buffers as buffers_lib
 from stablemoe_jax.models import capacity as capacity_lib
-from stablemoe_jax.core.settings import DistilledRouterSettings
+from stablemoe_jax.core.settings import DistilledRouterSettings, MoESettings, ModelSettings, typed
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.routing import stablemoe_balance_loss
 from stablemoe_jax.models.stablemoe_router import StableMoERouter
-from stablemoe_jax.core.settings import ModelSettings, typed
 
 D, FF, E, SUB, VOCAB = 8, 16, 4, 2, 11
 
@@ -71,7 +70,7 @@ def per_token_reference(params, x, token_ids, stage1, capacity, num_groups=1):
 
 def init_layer(cfg, tokens=12, seed=0):
   """The layer, N(0, 0.5) parameters, inputs x [2, tokens / 2, D] and token ids [2, tokens / 2]."""
-  layer = make_moe_layer(cfg, VOCAB, SUB, FF)
+  layer = make_moe_layer(typed(MoESettings, cfg), VOCAB, SUB, FF)
   x = jax.random.normal(jax.random.key(seed), (2, tokens // 2, D))
   ids = jax.random.randint(jax.random.key(seed + 1), (2, tokens // 2), 0, VOCAB)
   params = randomized(nn.unbox(jit_init(layer, 2, x, ids, jnp.array(True))["params"]))

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from stablemoe_jax.core.settings import ModelSettings, typed
 from stablemoe_jax.models import routers
 from stablemoe_jax.models.routing import AUX_LOSS
 from tests.models.topk_reference import init_layer, moe_config
@@ -45,12 +46,13 @@ def test_sown_losses_are_those_the_registry_names(router, settings):
 def test_post_update_hook_comes_from_the_registry():
   from configs import default
   config = default.get_config()
-  assert routers.post_update_hook(config.model) is None  # the default's cosine router holds no norm
+  # the default's cosine router holds no norm
+  assert routers.post_update_hook(typed(ModelSettings, config.model)) is None
   config.model.moe.stablemoe.cosine_expert_norm = 1.5
-  hook = routers.post_update_hook(config.model)
+  hook = routers.post_update_hook(typed(ModelSettings, config.model))
   params = {"moe_0": {"router": {"centroids": jnp.ones((4, 16))}}, "embed": {"embedding": jnp.ones((3, 2))}}
   out = hook(params)
   np.testing.assert_allclose(np.linalg.norm(out["moe_0"]["router"]["centroids"], axis=-1), 1.5, rtol=1e-6)
   np.testing.assert_array_equal(out["embed"]["embedding"], params["embed"]["embedding"])
   config.model.moe.router = "hash"
-  assert routers.post_update_hook(config.model) is None
+  assert routers.post_update_hook(typed(ModelSettings, config.model)) is None

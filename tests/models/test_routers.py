@@ -22,13 +22,12 @@ from stablemoe_jax.models.balanced_assignment import balanced_assignment
 from stablemoe_jax.models.base_router import BalancedAssignment
 from stablemoe_jax.models.hash_router import HashRouter, balanced_hash_table
 from stablemoe_jax.core import settings as settings_lib
-from stablemoe_jax.core.settings import DistilledRouterSettings, absent_value
+from stablemoe_jax.core.settings import DistilledRouterSettings, MoESettings, ModelSettings, absent_value, typed
 from stablemoe_jax.models.learned_router import DistilledRouterSpec, LearnedRouter
 from stablemoe_jax.models.switch_router import SwitchSoftmax
 from stablemoe_jax.models.transformer import TransformerLM, moe_positions
 
 from tests.conftest import MAIN, REPO
-from stablemoe_jax.core.settings import ModelSettings, typed
 
 
 def apply_router(router, params, h, ids, stage1=True, deterministic=False, rng=0):
@@ -158,7 +157,7 @@ def test_distillation_loss_is_weighted_by_distill_weight(router_name):
   moe.stablemoe.affinity, moe.stablemoe.cosine_dim = "dot", 0  # the reference's greedy expert: argmax of h . E_i
   if router_name == "switch_fixed":
     moe.router, moe.switch.fixed_routing = "switch", True
-  router = routers.make_router(moe, vocab_size=vocab)
+  router = routers.make_router(typed(MoESettings, moe), vocab_size=vocab)
   h = jax.random.normal(jax.random.key(0), (tokens, d))
   ids = jax.random.randint(jax.random.key(1), (tokens,), 0, vocab)
   params = randomized_like(router.init(jax.random.key(2), h, ids, jnp.array(True))["params"])

@@ -16,7 +16,8 @@ from configs import default
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.models import cosine_routing, routers, stablemoe_router
 from stablemoe_jax.models.experts import FFNExperts
-from stablemoe_jax.core.settings import DistilledRouterSettings, StableMoESettings, absent_value
+from stablemoe_jax.core.settings import (DistilledRouterSettings, MoESettings, StableMoESettings, TrainSettings,
+                                         absent_value, typed)
 from stablemoe_jax.models.learned_router import LearnedRouter
 from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.stablemoe_router import GreedySigmoid
@@ -56,7 +57,7 @@ def test_torch_bias_init_bounds_and_layer_output_hand_computed():
       router="stablemoe", num_experts=E, capacity_factor=4.0, eval_capacity_factor=0.0, d_ff=FF, num_groups=1,
       shuffle_tokens=False, dispatcher="index", expert_bias_init="torch",
       stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1), distilled_router={**dataclasses.asdict(DistilledRouterSettings()), "dim": 5}))
-  layer = make_moe_layer(cfg, VOCAB, SUB, FF)
+  layer = make_moe_layer(typed(MoESettings, cfg), VOCAB, SUB, FF)
   x = jax.random.normal(jax.random.key(3), (2, 6, D))
   ids = jnp.zeros((2, 6), jnp.int32)
   variables = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True)))
@@ -127,7 +128,7 @@ def test_dot_product_stablemoe_router_is_the_router_before_the_new_keys_bit_for_
   ids = jax.random.randint(jax.random.key(1), (32,), 0, 50)
   results = []
   for section in (moe, old):
-    router = routers.make_router(section, vocab_size=50)
+    router = routers.make_router(typed(MoESettings, section), vocab_size=50)
     params = router.init(jax.random.key(2), h, ids, jnp.array(True))["params"]
     results.append((params, _apply(router, params, h, ids)))
   (p_new, (r_new, s_new)), (p_old, (r_old, s_old)) = results
@@ -157,7 +158,7 @@ def test_router_lr_scale_and_warmup_against_numpy_adam():
   assert labels["moe_1"]["router"]["centroids"] == optimizer.ROUTER
   assert labels["moe_1"]["router"]["distilled_router"]["w"] == optimizer.FROZEN_AFTER_STAGE1
   assert labels["moe_1"]["experts"]["w"] == optimizer.TRAINED
-  tx = optimizer.make_optimizer(train)
+  tx = optimizer.make_optimizer(typed(TrainSettings, train))
   state = tx.init(params)
   rng = np.random.default_rng(0)
   grads = [rng.normal(size=(2, 3)).astype(np.float32) for _ in range(9)]
@@ -179,11 +180,11 @@ def test_router_lr_scale_and_warmup_against_numpy_adam():
 
 def test_router_optimizer_settings_off_by_default_leave_the_optimizer_as_it_was():
   train = default.get_config().train
-  assert not optimizer.separate_router_optimizer(train)
+  assert not optimizer.separate_router_optimizer(typed(TrainSettings, train))
   params = {"moe_1": {"router": {"centroids": jnp.ones((2, 3))}, "experts": {"w": jnp.ones(3)}}}
   assert optimizer.param_labels(params) == optimizer.param_labels(params, separate_router=False)
   assert optimizer.param_labels(params)["moe_1"]["router"]["centroids"] == optimizer.TRAINED
-  state = optimizer.make_optimizer(train).init(params)
+  state = optimizer.make_optimizer(typed(TrainSettings, train)).init(params)
   inner = state[1].inner_states
   assert set(inner) == {optimizer.TRAINED, optimizer.FROZEN_AFTER_STAGE1}  # the same state tree as before the keys
 

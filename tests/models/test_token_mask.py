@@ -17,7 +17,7 @@ from stablemoe_jax.models.moe import make_moe_layer
 from stablemoe_jax.models.routing import AUX_LOSS, METRICS, expert_load, routing_health, stablemoe_balance_loss
 from stablemoe_jax.models.seq2seq import PAD_ID, TransformerSeq2Seq
 from stablemoe_jax.models.switch_router import switch_balance_loss
-from stablemoe_jax.core.settings import ModelSettings, typed
+from stablemoe_jax.core.settings import MoESettings, ModelSettings, typed
 
 RNG = np.random.default_rng(0)
 SCORES = jnp.asarray(RNG.normal(size=(10, 4)), jnp.float32)
@@ -70,7 +70,7 @@ def test_padding_takes_no_slot_and_real_tokens_keep_theirs(shuffle):
 def test_moe_layer_with_padding_against_the_per_token_loop_of_its_real_tokens():
   # Capacity 2 per expert over 12 tokens, padding first: without the mask padding would crowd out real tokens.
   cfg = moe_config(capacity_factor=0.66)
-  layer = make_moe_layer(cfg, VOCAB, SUB, FF)
+  layer = make_moe_layer(typed(MoESettings, cfg), VOCAB, SUB, FF)
   x = jax.random.normal(jax.random.key(0), (2, 6, D))
   ids = jax.random.randint(jax.random.key(1), (2, 6), 0, VOCAB)
   params = randomized(nn.unbox(jit_init(layer, 2, x, ids, jnp.array(True))["params"]))

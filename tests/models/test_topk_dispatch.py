@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from tests.conftest import jit_init
 
+from stablemoe_jax.core.settings import MoESettings, typed
 from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models import routers
 from stablemoe_jax.models.moe import make_moe_layer
@@ -119,7 +120,7 @@ def test_shared_experts_add_their_ffns_to_the_routed_output(router, top_k):
   layer, params, x, ids = init_layer(cfg)
   assert params["shared_experts"]["w_in"].shape == (2, SUB, D, FF)
   routed_only = {k: v for k, v in params.items() if k != "shared_experts"}
-  plain = make_moe_layer(moe_config(router=router, top_k=top_k), VOCAB, SUB, FF)
+  plain = make_moe_layer(typed(MoESettings, moe_config(router=router, top_k=top_k)), VOCAB, SUB, FF)
   with_shared = np.asarray(layer.apply({"params": params}, x, ids, jnp.array(True)), np.float64).reshape(24, D)
   without = np.asarray(plain.apply({"params": routed_only}, x, ids, jnp.array(True)), np.float64).reshape(24, D)
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params["shared_experts"])
@@ -153,7 +154,7 @@ def test_shared_experts_drop_out_in_training_only():
   h = np.asarray(x, np.float64).reshape(24, D)
   want = np.stack([np_ffn_stack(p, 0, h[t]) for t in range(24)])
   for dropout in (0.0, 0.5):
-    layer = make_moe_layer(cfg, VOCAB, SUB, FF, dropout=dropout)
+    layer = make_moe_layer(typed(MoESettings, cfg), VOCAB, SUB, FF, dropout=dropout)
     apply = jax.jit(lambda params, training, layer=layer: layer.apply(
         {"params": params}, x, ids, jnp.array(True), deterministic=not training,
         rngs={"dropout": jax.random.key(3)}), static_argnums=1)
@@ -167,6 +168,7 @@ def test_shared_experts_drop_out_in_training_only():
 
 def test_registry_top_k_and_gate_kind():
   cfg = moe_config(top_k=3)
+  cfg, hashed = typed(MoESettings, cfg), typed(MoESettings, moe_config(router="hash"))
   assert routers.top_k(cfg) == 3 and routers.gate_kind(cfg) == "softmax"
-  assert routers.top_k(moe_config(router="hash")) == 1 and routers.gate_kind(moe_config(router="hash")) == "fixed"
-  assert routers.gate_kind(moe_config(router="stablemoe")) == "sigmoid"
+  assert routers.top_k(hashed) == 1 and routers.gate_kind(hashed) == "fixed"
+  assert routers.gate_kind(typed(MoESettings, moe_config(router="stablemoe"))) == "sigmoid"

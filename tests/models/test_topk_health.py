@@ -3,6 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablemoe_jax.models.routing import METRICS
+from stablemoe_jax.core.settings import from_config
 from tests.models.topk_reference import D, E, init_layer, moe_config
 
 
@@ -20,7 +21,7 @@ def _guard_settings(**moe_changes):
     for section in sections:
       target = target[section]
     target[name] = value
-  return health.GuardSettings.from_config(config)
+  return health.GuardSettings.from_settings(from_config(config))
 
 
 def test_top2_gate_range_is_one_over_k_to_one():

@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 from tests.conftest import jit_init
 
-from stablemoe_jax.core.settings import DistilledRouterSettings
+from stablemoe_jax.core.settings import DistilledRouterSettings, MoESettings, typed
 from stablemoe_jax.models.moe import make_moe_layer
 
 
@@ -83,7 +83,7 @@ def hand_topk_layer(params, x, top_k, capacity, num_groups=1, shared=0):
 
 
 def init_layer(cfg, tokens=24, seed=0):
-  layer = make_moe_layer(cfg, VOCAB, SUB, FF)
+  layer = make_moe_layer(typed(MoESettings, cfg), VOCAB, SUB, FF)
   x = jax.random.normal(jax.random.key(seed), (2, tokens // 2, D))
   ids = jax.random.randint(jax.random.key(seed + 1), (2, tokens // 2), 0, VOCAB)
   params = randomized(nn.unbox(jit_init(layer, 2, x, ids, jnp.array(True))["params"]))

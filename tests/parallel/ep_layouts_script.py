@@ -31,7 +31,7 @@ from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.tasks.lm import LanguageModelTask
 from stablemoe_jax.train.optimizer import make_optimizer
 from stablemoe_jax.train.state import create_train_state, train_state_shardings
-from stablemoe_jax.core.settings import ModelSettings, typed
+from stablemoe_jax.core.settings import MoESettings, from_config, typed
 
 LAYOUTS = {"one_device": (1, 1), "expert4": (4, 4), "data2_expert2": (4, 2)}  # name -> (devices, mesh.expert)
 EXPERTS, GROUPS, MOE_LAYERS = 8, 4, 3
@@ -62,7 +62,7 @@ def count(pattern: str, hlo: str) -> int:
 def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, summary: dict) -> None:
   config = tiny_config(expert)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:devices])
-  model, tx = TransformerLM(typed(ModelSettings, config.model)), make_optimizer(config.train)
+  model, tx = TransformerLM(from_config(config).model), make_optimizer(from_config(config).train)
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh)
   state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, shardings=shardings)
   batch = jax.device_put(batch, sharding_lib.batch_sharding(mesh))
@@ -85,7 +85,8 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, 
 
   batch_sharding = sharding_lib.batch_sharding(mesh)
   replicated = sharding_lib.replicated(mesh)
-  step = jax.jit(make_train_step(model, tx, config, LanguageModelTask()), in_shardings=(shardings, batch_sharding),
+  step = jax.jit(make_train_step(model, tx, from_config(config), LanguageModelTask()),
+                 in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, replicated))
   eval_step = jax.jit(make_eval_step(model, LanguageModelTask()), in_shardings=(shardings.params, batch_sharding),
                       out_shardings=replicated)
@@ -159,7 +160,7 @@ def topk_checks(summary: dict) -> None:
   moe.num_groups, moe.shuffle_tokens = GROUPS, False
   x = jax.random.normal(jax.random.key(0), (4, 8, 8))
   ids = jax.random.randint(jax.random.key(1), (4, 8), 0, 50)
-  layer = make_moe_layer(moe, 50, 2, 16)
+  layer = make_moe_layer(typed(MoESettings, moe), 50, 2, 16)
   params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
   params = jax.tree.map(lambda a: a + 0.3, params)  # non-zero output projections
 
@@ -197,7 +198,7 @@ def dropout_checks(summary: dict) -> None:
   ids = jax.random.randint(jax.random.key(1), (4, 8), 0, 50)
   outs = {}
   for rate in (0.0, 0.3):
-    layer = make_moe_layer(moe, 50, 2, 16, dropout=rate)
+    layer = make_moe_layer(typed(MoESettings, moe), 50, 2, 16, dropout=rate)
     params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
     params = jax.tree.map(lambda a: a + 0.3, params)  # non-zero output projections
     apply = jax.jit(lambda p, x: layer.apply({"params": p}, x, ids, jnp.array(True), deterministic=False,

@@ -64,7 +64,7 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict) 
   config = tiny_config(expert)
   task = make_task(from_config(config))
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:devices])
-  model, tx = task.build_model(from_config(config).model), make_optimizer(config.train)
+  model, tx = task.build_model(from_config(config).model), make_optimizer(from_config(config).train)
   inputs = task.sample_inputs(from_config(config))
   shardings = train_state_shardings(model, tx, config.train.seq_len, mesh, sample_inputs=inputs)
   state = create_train_state(model, tx, config.seed, config.train.seq_len, mesh, sample_inputs=inputs,
@@ -80,7 +80,8 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict) 
   arrays[f"{name}/logits"] = np.asarray(logits)
   arrays.update({f"{name}/grad{k}": v for k, v in flat(grads).items()})
   arrays.update({f"{name}/sown{k}": v for k, v in flat(sown).items()})
-  step = jax.jit(make_train_step(model, tx, config, task), in_shardings=(shardings, sharding_lib.batch_sharding(mesh)),
+  step = jax.jit(make_train_step(model, tx, from_config(config), task),
+                 in_shardings=(shardings, sharding_lib.batch_sharding(mesh)),
                  out_shardings=(shardings, sharding_lib.replicated(mesh)))
   with jax.set_mesh(mesh):
     for i in range(3):

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from tests.conftest import MAIN, REPO, make_tiny_config, share_prepared_ptb, xla_flags
 
+from stablemoe_jax.core.settings import MoESettings, typed
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.experiment.step import step_rngs
@@ -148,7 +149,7 @@ def test_train_step_shuffles_only_in_training(tiny_config, tmp_path):
   from stablemoe_jax.models.moe import make_moe_layer
   moe = ml_collections.ConfigDict(tiny_config.model.moe.to_dict())
   moe.capacity_factor, moe.num_groups, moe.eval_capacity_factor = 0.5, 2, 0.5
-  layer = make_moe_layer(moe, 20, 1, 16)
+  layer = make_moe_layer(typed(MoESettings, moe), 20, 1, 16)
   x = jax.random.normal(jax.random.key(0), (2, 16, 8))
   ids = jnp.zeros((2, 16), jnp.int32)
   params = nn.unbox(layer.init(jax.random.key(1), x, ids, jnp.array(True))["params"])

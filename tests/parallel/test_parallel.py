@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from tests.conftest import MAIN, REPO, share_prepared_ptb, tiny_flags, xla_flags
 
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.experiment.step import make_train_step
 
@@ -80,9 +81,9 @@ def test_microbatch_accumulation_matches_one_batch(tiny_config, prepared_ptb, tm
   tiny_config.train.warmup_steps = 0  # the first update moves the parameters
   exp = loop.Experiment(tiny_config, tmp_path)
   batch = next(exp.train_batches())
-  whole = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))(exp.init_state(), batch)
+  whole = jax.jit(make_train_step(exp.model, exp.tx, exp.settings, exp.task))(exp.init_state(), batch)
   tiny_config.train.microbatches = 2
-  split = jax.jit(make_train_step(exp.model, exp.tx, tiny_config, exp.task))(exp.init_state(), batch)
+  split = jax.jit(make_train_step(exp.model, exp.tx, from_config(tiny_config), exp.task))(exp.init_state(), batch)
   initial = jax.tree.leaves(exp.init_state().params)
   for a, b, a0 in zip(jax.tree.leaves(whole[0].params), jax.tree.leaves(split[0].params), initial):
     # Adam's first update is about +-lr (3e-3) per element whatever the gradient's size, so a tiny
@@ -115,7 +116,7 @@ def test_microbatches_route_and_balance_per_microbatch(tiny_config, prepared_ptb
   state = state.replace(params=params, opt_state=sgd.init(params))
 
   def gradient_and_metrics(config, rows):
-    new_state, metrics = jax.jit(make_train_step(exp.model, sgd, config, exp.task))(state, rows)
+    new_state, metrics = jax.jit(make_train_step(exp.model, sgd, from_config(config), exp.task))(state, rows)
     grads = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64), params, new_state.params)
     return grads, jax.device_get(metrics)
 

@@ -14,7 +14,7 @@ import pytest
 from configs import default
 from stablemoe_jax.analysis import contribution
 from stablemoe_jax.core.errors import ConfigError
-from stablemoe_jax.core.settings import HealthSettings, typed
+from stablemoe_jax.core.settings import HealthSettings, from_config, typed
 from stablemoe_jax.train import health
 
 BALANCED = [0.125] * 8
@@ -30,7 +30,7 @@ def _config(warmup: int = 10, **section):
 
 
 def _settings(warmup: int = 10, **section):
-  return health.GuardSettings.from_config(_config(warmup, **section))
+  return health.GuardSettings.from_settings(from_config(_config(warmup, **section)))
 
 
 def _window(load=BALANCED, gate=0.5, balance=0.9, layer="moe_0"):
@@ -127,13 +127,13 @@ def test_every_health_setting_is_read_from_the_config():
   config = _config(warmup=10, min_contribution=0.02, max_top2_load=0.8, min_gate_position=0.1, min_load_balance=0.3,
                    patience=4, after_step=5, on_collapse="stop")
   config.model.moe.router, config.model.moe.num_experts = "switch", 6
-  settings = health.GuardSettings.from_config(config)
+  settings = health.GuardSettings.from_settings(from_config(config))
   assert (settings.min_contribution, settings.max_top2_load, settings.min_gate_position, settings.min_load_balance,
           settings.patience, settings.after_step, settings.on_collapse, settings.router, settings.gate,
           settings.num_experts) == (0.02, 0.8, 0.1, 0.3, 4, 5, "stop", "switch", "softmax", 6)
   config.model.moe.router = "stablemoe"
   config.model.moe.stablemoe.affinity = "cosine"
-  assert health.GuardSettings.from_config(config).affinity == "cosine"
+  assert health.GuardSettings.from_settings(from_config(config)).affinity == "cosine"
 
 
 def test_the_guard_judges_at_its_own_thresholds_and_records_them():
@@ -214,10 +214,10 @@ def test_a_logged_load_does_not_replace_the_one_a_summary_recorded():
 def test_health_config_checks_at_their_bounds(key, value, ok):
   config = _config(**{key: value})  # train.steps = 850
   if ok:
-    health.check_config(config)
+    health.check_config(from_config(config))
   else:
     with pytest.raises(ConfigError, match=f"health.{key}="):
-      health.check_config(config)
+      health.check_config(from_config(config))
 
 
 # --- health.contribution_batches: the final measure's batches --------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import jit_init
 
 from configs import default
-from stablemoe_jax.core.settings import HealthSettings
+from stablemoe_jax.core.settings import HealthSettings, from_config
 from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.analysis import cohesion, contribution
 from stablemoe_jax.compare import report
@@ -205,7 +205,7 @@ def test_a_zeroed_expert_layer_is_dead_by_its_contribution():
   zeroed = contribution.without_layer(params, "moe_0")
   for p, dead in ((zeroed, True), (params, False)):
     worth = contribution.layer_contributions(evaluate, p)["layers"]["moe_0"]["relative_perplexity_increase"]
-    guard = health.CollapseGuard(health.GuardSettings.from_config(config), start_step=10)
+    guard = health.CollapseGuard(health.GuardSettings.from_settings(from_config(config)), start_step=10)
     assert bool(guard.observe_contribution(20, {"moe_0": worth})) == dead, worth
 
 
@@ -267,7 +267,7 @@ def test_default_health_section_is_the_guard_defaults_and_every_preset_loads():
   config = default.get_config()
   del config["health"]  # a hand-built config without the section gets the defaults
   validate_config(config)
-  assert health.GuardSettings.from_config(config).after_step == config.train.warmup_steps
+  assert health.GuardSettings.from_settings(from_config(config)).after_step == config.train.warmup_steps
 
 
 @pytest.mark.parametrize("key,value,message", [

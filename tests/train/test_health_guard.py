@@ -20,6 +20,7 @@ from stablemoe_jax.experiment import actions, loop
 from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.train import health
 from stablemoe_jax.train.metrics import read_metrics
+from stablemoe_jax.core.settings import from_config
 
 
 # --- the verdict and the guard on synthetic windows ------------------------------------------------------------------
@@ -36,7 +37,7 @@ def _settings(**changes):
       config.model.moe.num_experts = value
     else:
       config.health[key] = value
-  return health.GuardSettings.from_config(config)
+  return health.GuardSettings.from_settings(from_config(config))
 
 
 BALANCED = [0.125] * 8
@@ -273,9 +274,9 @@ def test_guard_is_silent_on_the_defaults_first_steps_where_the_gate_is_alive(ptb
   config.health.update(patience=1, after_step=0)  # strictest: any single collapsed window would be flagged
   exp = loop.Experiment(config, _workdir(tmp_path, shared_data))
   state = exp.init_state()
-  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.config, exp.task))
+  step_fn = jax.jit(make_train_step(exp.model, exp.tx, exp.settings, exp.task))
   batches = exp.train_batches()
-  guard = health.CollapseGuard(health.GuardSettings.from_config(exp.config))
+  guard = health.CollapseGuard(health.GuardSettings.from_settings(from_config(exp.config)))
   for step in range(1, 13):
     state, metrics = step_fn(state, next(batches))
     window = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}

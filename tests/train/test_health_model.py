@@ -15,6 +15,7 @@ from stablemoe_jax.analysis import contribution
 from stablemoe_jax.compare import report
 from stablemoe_jax.experiment import actions
 from stablemoe_jax.train import health
+from stablemoe_jax.core.settings import from_config
 
 LINE = 0.01  # health.min_contribution's default
 ENC, DEC = "encoder_moe_0", "decoder_moe_0"
@@ -89,7 +90,7 @@ def _guard(**health_changes):
   config.train.warmup_steps = 10
   for key, value in health_changes.items():
     config.health[key] = value
-  return health.CollapseGuard(health.GuardSettings.from_config(config), start_step=10)
+  return health.CollapseGuard(health.GuardSettings.from_settings(from_config(config)), start_step=10)
 
 
 def test_guard_flags_a_weak_layer_once_and_never_stops_for_it(capsys):

@@ -3,11 +3,10 @@ not taken from the code under test, so a changed constant (the smoothing amount,
 import math
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
-from stablemoe_jax.core.settings import from_config
+from stablemoe_jax.core.settings import TrainSettings, from_config
 from stablemoe_jax.models.head import HeadInputs
 from stablemoe_jax.tasks.translation import TranslationTask
 from stablemoe_jax.train import losses
@@ -57,8 +56,7 @@ INVERSE_SQRT = {0: 0.0, 1: 2.5e-4, 2: 5e-4, 3: 7.5e-4, 4: 1e-3, 9: 1e-3 * 2 / 3,
 @pytest.mark.parametrize("count,expected", sorted(INVERSE_SQRT.items()))
 def test_inverse_sqrt_schedule_at_given_steps(count, expected):
   assert float(inverse_sqrt_schedule(1e-3, 4)(count)) == pytest.approx(expected, rel=1e-6, abs=1e-12)
-  train = ml_collections.ConfigDict({"schedule": "inverse_sqrt", "learning_rate": 1e-3, "warmup_steps": 4,
-                                     "steps": 1000})
+  train = TrainSettings(schedule="inverse_sqrt", learning_rate=1e-3, warmup_steps=4, steps=1000)
   assert float(learning_rate_schedule(train)(count)) == pytest.approx(expected, rel=1e-6, abs=1e-12)
 
 
@@ -69,5 +67,5 @@ LINEAR = {0: 0.0, 1: 2.5e-4, 4: 1e-3, 5: 1e-3 * 7 / 8, 8: 5e-4, 12: 0.0}
 
 @pytest.mark.parametrize("count,expected", sorted(LINEAR.items()))
 def test_linear_schedule_at_given_steps(count, expected):
-  train = ml_collections.ConfigDict({"schedule": "linear", "learning_rate": 1e-3, "warmup_steps": 4, "steps": 12})
+  train = TrainSettings(schedule="linear", learning_rate=1e-3, warmup_steps=4, steps=12)
   assert float(learning_rate_schedule(train)(count)) == pytest.approx(expected, rel=1e-6, abs=1e-12)

@@ -4,9 +4,9 @@ ml_collections stays the command-line format (presets in configs/, ``--config.x.
 summaries record that ConfigDict as before. :func:`typed` turns a config section (a ConfigDict, a dict such as a
 recorded config, or already its dataclass) into its dataclass: the one place a missing key gets its value (the
 field's ``absent`` metadata where set, for a config written before the key existed, else its default) and an unknown
-key or a value of the wrong type is an error. The readers of a section (the models, the optimizer, the health
-guard, ...) call it on what they are given, so they read typed fields whether handed the validated settings
-(:func:`from_config`) or a hand-built section.
+key or a value of the wrong type is an error. A command types its config once, where it starts
+(:func:`from_config`); the readers below it (the data layer, the models, the optimizer, the health guard, ...) take
+the typed section they read.
 
 ``data`` is typed by the run's task (``LMDataSettings`` or ``TranslationDataSettings``).
 """

@@ -41,7 +41,7 @@ class LMDataSettings:
   """``data`` of ``task=lm``: the corpus and its tokenizer (docs/data.md)."""
 
   corpus: str = setting("ptb", "ptb | text (a user's train/valid/test.txt in data_dir) | files (globs, read from "
-                               "the shards `data.prepare` writes) | facts (synthetic facts, data.facts)")
+                               "the shards `stablemoe_jax.prepare` writes) | facts (synthetic facts, data.facts)")
   data_dir: str = _DATA_DIR
   tokenizer: str = setting("word", "word | sentencepiece")
   sentencepiece_vocab_size: int = _VOCAB

@@ -9,10 +9,9 @@ run reports every set's valid and test perplexity at the end (``summary.json["se
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from stablemoe_jax.core.errors import ConfigError
-from stablemoe_jax.core.settings import LMDataSettings, typed
+from stablemoe_jax.core.settings import LMDataSettings
 
 SPLITS = ("valid", "test")  # the held-out splits every set has
 _NAME = re.compile(r"[A-Za-z0-9_]+")
@@ -24,20 +23,19 @@ def split_name(split: str, name: str) -> str:
   return f"{split}@{name}"
 
 
-def parse(data_config: Any) -> dict[str, str]:
-  """``{name: glob with {split}}`` of ``data.eval_sets``, in the order given ({} for "" or a config without it).
+def parse(data: LMDataSettings) -> dict[str, str]:
+  """``{name: glob with {split}}`` of ``data.eval_sets``, in the order given ({} for "": no sets).
 
   Raises:
     ConfigError: an entry without ``NAME=GLOB``, a name that is not letters / digits / '_', a name given twice, a
       glob without ``{split}``, or sets on a corpus other than ``files`` (one line each, naming the fix).
   """
-  data = typed(LMDataSettings, data_config)
   entries = [e.strip() for e in data.eval_sets.split(",") if e.strip()]
   if not entries:
     return {}
   corpus = data.corpus
   if corpus != "files":
-    raise ConfigError(f"data.eval_sets is read from shards that `python -m stablemoe_jax.data.prepare` writes: it "
+    raise ConfigError(f"data.eval_sets is read from shards that `python -m stablemoe_jax.prepare` writes: it "
                       f"needs data.corpus='files' (configs/lm_files.py), not {corpus!r}; or set data.eval_sets=''.")
   sets: dict[str, str] = {}
   for entry in entries:
@@ -55,7 +53,7 @@ def parse(data_config: Any) -> dict[str, str]:
   return sets
 
 
-def set_globs(data_config: Any) -> dict[str, str]:
+def set_globs(data: LMDataSettings) -> dict[str, str]:
   """``{prepared split: glob}`` of every set's valid and test files (``valid@NAME``: its glob for ``valid``)."""
   return {split_name(split, name): pattern.replace("{split}", split)
-          for name, pattern in parse(data_config).items() for split in SPLITS}
+          for name, pattern in parse(data).items() for split in SPLITS}

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from stablemoe_jax.core.errors import ConfigError
-from stablemoe_jax.core.settings import FactsSettings, typed
+from stablemoe_jax.core.settings import FactsSettings
 from stablemoe_jax.data.common.tokenizers import EOS, WordTokenizer
 from stablemoe_jax.data.lm.batches import per_process_batch
 from stablemoe_jax.data.lm.stream import TokenStream
@@ -38,10 +38,9 @@ SPLITS = ("train", "valid", "test")
 _TEST_ORDER_SEED = 7_919  # folded with the corpus seed: the test split's fixed line order
 
 
-def check_settings(facts, seq_lens: dict[str, int]) -> None:
-  """ConfigError, one line naming the key, for settings that cannot make a corpus, or a sequence length
-  (``{"train.seq_len": S, ...}``) that is not a whole number of lines."""
-  facts = typed(FactsSettings, facts)
+def check_settings(facts: FactsSettings, seq_lens: dict[str, int]) -> None:
+  """ConfigError, one line naming the key, for ``data.facts`` settings that cannot make a corpus, or a sequence
+  length (``{"train.seq_len": S, ...}``) that is not a whole number of lines."""
   for key in ("first_names", "last_names", "entities", "attributes", "attribute_values", "value_pieces", "value_tokens",
               "templates"):
     value = getattr(facts, key)
@@ -102,9 +101,8 @@ class FactsCorpus:
     return self.lines[:, LINE_PREFIX:LINE_PREFIX + self.value_tokens]
 
 
-def generate(facts) -> FactsCorpus:
-  """The corpus of ``data.facts`` (checked first); the same settings always give the same corpus."""
-  facts = typed(FactsSettings, facts)
+def generate(facts: FactsSettings) -> FactsCorpus:
+  """The corpus of the ``data.facts`` settings (checked first); the same settings always give the same corpus."""
   check_settings(facts, {})
   rng = np.random.default_rng([facts.seed, 0x66616374])  # 'fact'
   first_id = 1
@@ -231,10 +229,10 @@ class FactsTrainIterator:
 class FactsData:
   """``data.corpus=facts`` as the LM task reads a corpus (``batches.LMData``'s interface): the tokenizer, each
   split's stream (its lines once, for token counts), training and evaluation batches; and where each scored line's
-  value sits in the evaluation batches (``value_positions``)."""
+  value sits in the evaluation batches (``value_positions``). Built from the ``data.facts`` settings."""
 
-  def __init__(self, facts):
-    self.settings = typed(FactsSettings, facts)
+  def __init__(self, facts: FactsSettings):
+    self.settings = facts
     self.corpus = generate(self.settings)
     self.tokenizer = WordTokenizer(self.corpus.tokens)
     self.vocab_size = self.tokenizer.vocab_size

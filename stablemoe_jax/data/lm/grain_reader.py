@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from stablemoe_jax.core.settings import LMDataSettings
 from stablemoe_jax.data.common import locate, shards, tokenizers
 from stablemoe_jax.data.lm import batches as pipeline
 from stablemoe_jax.data.lm import eval_sets
@@ -98,8 +99,8 @@ def open_splits(root: pathlib.Path, manifest: dict, in_memory: bool | None = Non
           for split, shard_list in manifest['shards'].items()}
 
 
-def load(prepared_dir: pathlib.Path, data_config, in_memory: bool | None = None) -> ShardedLMData:
-  """The data `prepare` wrote into `prepared_dir`, after checking they fit `data_config`.
+def load(prepared_dir: pathlib.Path, data: LMDataSettings, in_memory: bool | None = None) -> ShardedLMData:
+  """The data `prepare` wrote into `prepared_dir`, after checking they fit the run's `data` settings.
 
   `in_memory`: read the splits into memory (None: those up to `stream.IN_MEMORY_MAX_TOKENS` tokens).
 
@@ -109,22 +110,22 @@ def load(prepared_dir: pathlib.Path, data_config, in_memory: bool | None = None)
   """
 
   manifest = json.loads((prepared_dir / prepared.MANIFEST).read_text())
-  fix = (f'Run `python -m stablemoe_jax.data.prepare` again with this config and --workdir, '
+  fix = (f'Run `python -m stablemoe_jax.prepare` again with this config and --workdir, '
          f'or use a new --workdir.')
-  wanted = prepared.settings(data_config)
+  wanted = prepared.settings(data)
   differ = [f'data.{k}={v!r} but they were prepared with {manifest.get(k)!r}'
             for k, v in wanted.items() if manifest.get(k) != v]
   if differ:
     raise prepared.PreparedDataMismatchError(
         f'The shards prepared in {prepared_dir} do not match this config: {"; ".join(differ)}. {fix}')
-  unprepared = [split for split in eval_sets.set_globs(data_config) if split not in manifest['shards']]
+  unprepared = [split for split in eval_sets.set_globs(data) if split not in manifest['shards']]
   if unprepared:
     raise prepared.PreparedDataMismatchError(
         f'data.eval_sets names split(s) {", ".join(unprepared)} that the shards in {prepared_dir} were not prepared '
-        f'with (prepared: {", ".join(manifest["shards"])}). Run `python -m stablemoe_jax.data.prepare` again with '
+        f'with (prepared: {", ".join(manifest["shards"])}). Run `python -m stablemoe_jax.prepare` again with '
         f'this data.eval_sets and --workdir, or use a new --workdir.')
   try:  # Only stat() here: a run's start must not read the inputs (prepare's names also hash their heads).
-    now = {split: [shards.file_stat(p) for p in paths] for split, paths in prepared.split_inputs(data_config).items()}
+    now = {split: [shards.file_stat(p) for p in paths] for split, paths in prepared.split_inputs(data).items()}
   except (locate.DataNotFoundError, shards.EmptyInputError):
     now = None  # No raw corpus here (evaluating or resuming elsewhere): the shards are what there is.
   # The splits this config reads (sets prepared but no longer named are not compared).

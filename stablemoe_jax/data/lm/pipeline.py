@@ -35,9 +35,8 @@ len(stream) - 1. Deterministic.
 from __future__ import annotations
 
 import pathlib
-from typing import Any
 
-from stablemoe_jax.core.settings import LMDataSettings, typed
+from stablemoe_jax.core.settings import LMDataSettings
 from stablemoe_jax.data.common import locate
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.common import tokenizers
@@ -50,7 +49,7 @@ from stablemoe_jax.data.lm.batches import (  # noqa: F401  (re-exported)
 from stablemoe_jax.data.lm.stream import FieldSource
 
 
-def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData | facts.FactsData:
+def load_lm_data(data: LMDataSettings, prepared_dir: pathlib.Path) -> LMData | facts.FactsData:
   """Resolves the corpus, builds (or reuses) the tokenizer and the records, returns LMData.
 
   Without the raw corpus (no data directory, or one without the files), the
@@ -59,11 +58,11 @@ def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData | facts
   resuming a run needs only its workdir.
 
   Args:
-    data_config: ConfigDict with `corpus` ('ptb' | 'text'), `data_dir` (str,
-      '' = $STABLEMOE_DATA_DIR), `tokenizer` ('word' | 'sentencepiece'),
-      `sentencepiece_vocab_size` (int).
+    data: the run's data settings (`RunSettings.data`): `corpus` ('ptb' | 'text' |
+      'files' | 'facts'), `data_dir` ('' = $STABLEMOE_DATA_DIR), `tokenizer`
+      ('word' | 'sentencepiece'), `sentencepiece_vocab_size`, ...
     prepared_dir: the run's prepared-data directory (e.g. workdir/data). If
-      `python -m stablemoe_jax.data.prepare` wrote shards there, those are
+      `python -m stablemoe_jax.prepare` wrote shards there, those are
       used (`grain_reader.load`); otherwise it gets
       `tokenizer/`, `tfds/` and `prepared.json`. Reused on later calls (a resumed run).
       With several processes sharing one directory, let process 0 call this
@@ -79,15 +78,14 @@ def load_lm_data(data_config: Any, prepared_dir: pathlib.Path) -> LMData | facts
       for another data config.
   """
   prepared_dir = pathlib.Path(prepared_dir)
-  data = typed(LMDataSettings, data_config)
   if data.corpus == 'facts':  # generated in memory from data.facts: nothing to read or prepare
     return facts.FactsData(data.facts)
-  if prepared.is_sharded(prepared_dir):  # Written by `python -m stablemoe_jax.data.prepare`: use them.
-    return grain_reader.load(prepared_dir, data_config)
+  if prepared.is_sharded(prepared_dir):  # Written by `python -m stablemoe_jax.prepare`: use them.
+    return grain_reader.load(prepared_dir, data)
   corpus, kind = data.corpus, data.tokenizer
   if corpus == 'files':
     raise locate.DataNotFoundError(
-        f'data.corpus=files is prepared by `python -m stablemoe_jax.data.prepare --config CONFIG --workdir DIR` '
+        f'data.corpus=files is prepared by `python -m stablemoe_jax.prepare --config CONFIG --workdir DIR` '
         f'first; {prepared_dir} holds no prepared shards.')
   if corpus not in locate.CORPORA:
     raise ValueError(f'Unknown data.corpus {corpus!r}; allowed: {", ".join(locate.CORPORA)}.')

@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
-from stablemoe_jax.core.settings import LMDataSettings, typed
+from stablemoe_jax.core.settings import LMDataSettings
 from stablemoe_jax.data.common import locate
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.common import tokenizers
@@ -28,26 +28,24 @@ from stablemoe_jax.data.lm import eval_sets
 from stablemoe_jax.data.lm.stream import FieldSource, RecordSource
 
 MANIFEST = 'prepared.json'
-SHARDS_FORMAT = 'shards'  # The manifest's 'format' when `stablemoe_jax.data.prepare` wrote it.
+SHARDS_FORMAT = 'shards'  # The manifest's 'format' when `stablemoe_jax.prepare` wrote it.
 
 
 class PreparedDataMismatchError(locate.DataError):
   """The prepared data in a workdir was built for another data config (or is incomplete)."""
 
 
-def wanted(data_config: Any) -> dict[str, Any]:
-  """The part of the manifest that the config's data section (a section or its ``LMDataSettings``) determines."""
-  data = typed(LMDataSettings, data_config)
+def wanted(data: LMDataSettings) -> dict[str, Any]:
+  """The part of the manifest that the run's ``data`` settings determine."""
   out = {'corpus': data.corpus, 'tokenizer': data.tokenizer}
   if out['tokenizer'] == 'sentencepiece':
     out['sentencepiece_vocab_size'] = int(data.sentencepiece_vocab_size)
   return out
 
 
-def split_inputs(data_config: Any) -> dict[str, list[pathlib.Path]]:
-  """{split: input files} of the config's data section: train, valid, test, then each of ``data.eval_sets``' sets'
-  valid and test files (``valid@NAME``, ``test@NAME``; ``eval_sets.py``)."""
-  data = typed(LMDataSettings, data_config)
+def split_inputs(data: LMDataSettings) -> dict[str, list[pathlib.Path]]:
+  """{split: input files} of the run's ``data`` settings: train, valid, test, then each of ``data.eval_sets``'
+  sets' valid and test files (``valid@NAME``, ``test@NAME``; ``eval_sets.py``)."""
   if data.corpus == 'files':
     files = {split: shards.expand_inputs(getattr(data, f'{split}_files'), f'data.{split}_files')
              for split in locate.SPLITS}
@@ -61,10 +59,10 @@ def split_inputs(data_config: Any) -> dict[str, list[pathlib.Path]]:
 settings = wanted  # the manifest keys `main` compares when it reads the shards
 
 
-def write_manifest(prepared_dir: pathlib.Path, data_config: Any, tokenizer: tokenizers.Tokenizer,
+def write_manifest(prepared_dir: pathlib.Path, data: LMDataSettings, tokenizer: tokenizers.Tokenizer,
                    records_dir: pathlib.Path, splits: list[str]) -> None:
-  """Records what `prepared_dir` holds (atomically: a manifest names complete data only)."""
-  manifest = dict(wanted(data_config), vocab_size=tokenizer.vocab_size,
+  """Records what `prepared_dir` holds for the `data` settings (atomically: a manifest names complete data only)."""
+  manifest = dict(wanted(data), vocab_size=tokenizer.vocab_size,
                   tokenizer_fingerprint=tokenizer.fingerprint(),
                   records=str(records_dir.resolve().relative_to(prepared_dir.resolve())), splits=sorted(splits))
   tmp = prepared_dir / (MANIFEST + '.tmp')
@@ -77,14 +75,14 @@ def has_manifest(prepared_dir: pathlib.Path) -> bool:
 
 
 def is_sharded(prepared_dir: pathlib.Path) -> bool:
-  """Whether the manifest was written by `stablemoe_jax.data.prepare` (shards, read by `grain_reader`)."""
+  """Whether the manifest was written by `stablemoe_jax.prepare` (shards, read by `grain_reader`)."""
   path = prepared_dir / MANIFEST
   return path.is_file() and json.loads(path.read_text()).get('format') == SHARDS_FORMAT
 
 
-def load(prepared_dir: pathlib.Path, data_config: Any
+def load(prepared_dir: pathlib.Path, data: LMDataSettings
          ) -> tuple[tokenizers.Tokenizer, dict[str, RecordSource], pathlib.Path]:
-  """The tokenizer, {split: record source} and the records' folder saved in `prepared_dir` for `data_config`.
+  """The tokenizer, {split: record source} and the records' folder saved in `prepared_dir` for the `data` settings.
 
   Raises:
     PreparedDataMismatchError: the manifest was written for another corpus /
@@ -94,7 +92,7 @@ def load(prepared_dir: pathlib.Path, data_config: Any
   manifest = json.loads((prepared_dir / MANIFEST).read_text())
   fix = ('Give the raw corpus (--config.data.data_dir=DIR or STABLEMOE_DATA_DIR=DIR) so the data can be '
          'rebuilt, or use a new --workdir.')
-  expected = wanted(data_config)
+  expected = wanted(data)
   differ = [f'data.{k}={v!r} but they were prepared with {manifest.get(k)!r}'
             for k, v in expected.items() if manifest.get(k) != v]
   if differ:

@@ -1,4 +1,4 @@
-"""Preparing a language-model corpus at any size (`python -m stablemoe_jax.data.prepare`, `__main__.py`).
+"""Preparing a language-model corpus at any size (`python -m stablemoe_jax.prepare`, `stablemoe_jax/prepare.py`).
 
 Prepares what `main` trains on, into `DIR/data` (the workdir `main` is then run
 with): the tokenizer in `DIR/data/tokenizer`, the tokenized shards in
@@ -41,7 +41,7 @@ from typing import Any
 import sentencepiece as spm
 import tqdm
 
-from stablemoe_jax.core.settings import LMDataSettings, typed
+from stablemoe_jax.core.settings import LMDataSettings
 from stablemoe_jax.data.common import locate
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.common import text
@@ -218,20 +218,21 @@ def _remove_stale(out_dir: pathlib.Path, specs: list[shards.ShardSpec]) -> int:
   return removed
 
 
-def prepare(data_config: Any, prepared_dir: pathlib.Path, options: Options = Options()) -> dict:
-  """Prepares tokenizer, shards and manifest in `prepared_dir`; returns the report (also `prepare_report.json`).
+def prepare(data: LMDataSettings, prepared_dir: pathlib.Path, options: Options = Options()) -> dict:
+  """Prepares tokenizer, shards and manifest of the run's `data` settings in `prepared_dir`; returns the report
+  (also `prepare_report.json`).
 
   Raises:
     EmptyInputError: a glob matches nothing; BadCorpusError: a bad input file
       (unless `options.skip_bad_files`) or a split without text; DataNotFoundError: no corpus.
   """
   started = time.time()
-  config = settings(data_config)
-  files = split_inputs(data_config)
+  config = settings(data)
+  files = split_inputs(data)
   prepared_dir = pathlib.Path(prepared_dir)
   out_dir = prepared_dir / 'shards'
   tokenizer_files = files['train']
-  subset = typed(LMDataSettings, data_config).tokenizer_files
+  subset = data.tokenizer_files
   if subset:  # A subset of the train files, so the driver reads less.
     tokenizer_files = shards.expand_inputs(subset, 'data.tokenizer_files')
   try:

@@ -24,9 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
-from typing import Any
 
-from stablemoe_jax.core.settings import TranslationDataSettings, typed
+from stablemoe_jax.core.settings import TranslationDataSettings
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.common.locate import DataNotFoundError, ENV_VAR
@@ -49,16 +48,15 @@ def _write_if_changed(path: pathlib.Path, lines: tuple[str, ...]) -> None:
     path.write_bytes(content)
 
 
-def file_pairs(data_config: Any, directory: pathlib.Path) -> FilePairs:
-  """{(pair, set name): [(source file, target file)]} of the config's pairs: Multi30k and the Bible, the user's
-  own files (``data.corpus = "files"``, ``parallel_files``) or the prepared TFDS WMT builders (``"wmt"``)."""
-  corpus = typed(TranslationDataSettings, data_config).corpus
-  if corpus == 'files':
-    return parallel_files.file_pairs(data_config)
-  if corpus == 'wmt':
-    return wmt.file_pairs(data_config, directory)
-  settings = translation.settings(data_config)
-  data_dir = translation.data_dir(data_config)
+def file_pairs(data: TranslationDataSettings, directory: pathlib.Path) -> FilePairs:
+  """{(pair, set name): [(source file, target file)]} of the ``data`` settings' pairs: Multi30k and the Bible, the
+  user's own files (``data.corpus = "files"``, ``parallel_files``) or the prepared TFDS WMT builders (``"wmt"``)."""
+  if data.corpus == 'files':
+    return parallel_files.file_pairs(data)
+  if data.corpus == 'wmt':
+    return wmt.file_pairs(data, directory)
+  settings = translation.settings(data)
+  data_dir = translation.data_dir(data)
   if data_dir is None:
     raise DataNotFoundError(f'no data directory: set --config.data.data_dir or ${ENV_VAR}.')
   out: FilePairs = {}
@@ -109,12 +107,13 @@ def _distinct(file_pairs: list[tuple[pathlib.Path, pathlib.Path]]) -> list[pathl
   return list(dict.fromkeys(p for pair in file_pairs for p in pair))
 
 
-def prepare(data_config: Any, prepared_dir: pathlib.Path, options: lm_prepare.Options) -> dict:
-  """Tokenizer, pair shards and manifest in `prepared_dir/translation`; returns the report."""
-  settings = translation.settings(data_config)
+def prepare(data: TranslationDataSettings, prepared_dir: pathlib.Path, options: lm_prepare.Options) -> dict:
+  """Tokenizer, pair shards and manifest of the run's `data` settings in `prepared_dir/translation`; returns the
+  report."""
+  settings = translation.settings(data)
   directory = pathlib.Path(prepared_dir) / 'translation'
   out_dir = directory / 'shards'
-  pairs = file_pairs(data_config, directory)
+  pairs = file_pairs(data, directory)
   train_pairs = [pair for (_, name), files in pairs.items() if name == 'train' for pair in files]
   try:
     tokenizer = prepare_tokenizer(settings, _distinct(train_pairs), directory / 'tokenizer',

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import pathlib
 import re
-from typing import Any
 
-from stablemoe_jax.core.settings import TranslationDataSettings, typed
+from stablemoe_jax.core.settings import TranslationDataSettings
 from stablemoe_jax.data.common import shards
 
 SPLITS = {"train": "train_files", "valid": "valid_files", "test": "test_files"}  # set name -> config key
@@ -52,9 +51,8 @@ def parse_pairs(pairs: str) -> tuple[str, ...]:
   return names
 
 
-def check_config(data_config: Any) -> None:
-  """The checks that need no file system; raises ValueError (one line naming the key and the fix)."""
-  data = typed(TranslationDataSettings, data_config)
+def check_config(data: TranslationDataSettings) -> None:
+  """The checks of ``data`` that need no file system; raises ValueError (one line naming the key and the fix)."""
   parse_pairs(data.pairs)
   for key in SPLITS.values():
     template = getattr(data, key)
@@ -70,9 +68,8 @@ def check_config(data_config: Any) -> None:
       raise ValueError(f"data.{key}={template!r}: only {{pair}} and {{lang}} may stand in braces ({error!r}).") from None
 
 
-def settings(data_config: Any) -> dict:
-  """What the prepared data depends on (the manifest's and the tokenizer's ``settings``)."""
-  data = typed(TranslationDataSettings, data_config)
+def settings(data: TranslationDataSettings) -> dict:
+  """What the prepared data of ``data`` depends on (the manifest's and the tokenizer's ``settings``)."""
   check_config(data)
   return {"corpus": "files", "pairs": list(parse_pairs(data.pairs)),
           **{key: str(getattr(data, key)) for key in SPLITS.values()},
@@ -88,14 +85,13 @@ def _side(template: str, key: str, pair: str, lang: str) -> list[pathlib.Path]:
                                  f"{lang}): the files must exist on this machine.") from None
 
 
-def file_pairs(data_config: Any) -> FilePairs:
-  """{(pair, set name): [(source file, target file)]} of every pair and split, in order.
+def file_pairs(data: TranslationDataSettings) -> FilePairs:
+  """{(pair, set name): [(source file, target file)]} of every pair of ``data.pairs`` and split, in order.
 
   Raises:
     ValueError: see ``check_config``.
     EmptyInputError: a glob matches no file, or a split's two sides have different numbers of files.
   """
-  data = typed(TranslationDataSettings, data_config)
   check_config(data)
   out: FilePairs = {}
   for pair in parse_pairs(data.pairs):

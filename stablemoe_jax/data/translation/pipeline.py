@@ -18,11 +18,11 @@ import dataclasses
 import json
 import os
 import pathlib
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 
-from stablemoe_jax.core.settings import TranslationDataSettings, typed
+from stablemoe_jax.core.settings import TranslationDataSettings
 from stablemoe_jax.data.common.locate import ENV_VAR, DataError, DataNotFoundError
 from stablemoe_jax.data.translation import corpora as parallel
 from stablemoe_jax.data.translation.rows import EncodedSet, _flatten, encode_set
@@ -83,8 +83,8 @@ class TranslationData:
     return counts
 
 
-def settings(data_config: Any) -> dict:
-  data = typed(TranslationDataSettings, data_config)
+def settings(data: TranslationDataSettings) -> dict:
+  """What the prepared data of ``data`` depends on (the manifest's and the tokenizer's ``settings``), by corpus."""
   if data.corpus == "files":  # a user's own parallel files
     from stablemoe_jax.data.translation import files as parallel_files
     return parallel_files.settings(data)
@@ -97,8 +97,9 @@ def settings(data_config: Any) -> dict:
           "sentencepiece_vocab_size": int(data.sentencepiece_vocab_size)}
 
 
-def data_dir(data_config: Any) -> pathlib.Path | None:
-  configured = typed(TranslationDataSettings, data_config).data_dir or os.environ.get(ENV_VAR, "")
+def data_dir(data: TranslationDataSettings) -> pathlib.Path | None:
+  """The folder of the raw corpora: ``data.data_dir``, else $STABLEMOE_DATA_DIR; None if neither is set."""
+  configured = data.data_dir or os.environ.get(ENV_VAR, "")
   return pathlib.Path(configured).expanduser() if configured else None
 
 
@@ -121,17 +122,18 @@ def _load_set(directory: pathlib.Path, pair: str, name: str, manifest: dict | No
     return EncodedSet(pair, name, f["source_ids"], f["source_offsets"], f["target_ids"], f["target_offsets"])
 
 
-def load_translation_data(data_config: Any, prepared_dir: pathlib.Path) -> TranslationData:
-  """Prepares (or reuses) the tokenizer and encoded sets under ``prepared_dir/translation``.
+def load_translation_data(data: TranslationDataSettings, prepared_dir: pathlib.Path) -> TranslationData:
+  """Prepares (or reuses) the tokenizer and encoded sets of the run's ``data`` settings under
+  ``prepared_dir/translation``.
 
-  The raw corpora are read only if nothing matching ``data_config`` is prepared there yet.
+  The raw corpora are read only if nothing matching ``data`` is prepared there yet.
 
   Raises:
     ValueError: an unknown pair or book.
     DataNotFoundError: nothing prepared and a corpus file is missing (the message names it and the fix).
     DataError: the prepared data was built with other settings.
   """
-  wanted = settings(data_config)
+  wanted = settings(data)
   directory = pathlib.Path(prepared_dir) / "translation"
   manifest_path = directory / MANIFEST
   if manifest_path.is_file():
@@ -144,7 +146,7 @@ def load_translation_data(data_config: Any, prepared_dir: pathlib.Path) -> Trans
     sets = {pair: {name: load(directory, pair, name, manifest) for name in names}
             for pair, names in manifest["sets"].items()}
     return TranslationData(tokenizer, sets, directory)
-  root = data_dir(data_config)
+  root = data_dir(data)
   if root is None:
     raise DataNotFoundError(f"no data directory: set --config.data.data_dir or ${ENV_VAR} to the folder holding "
                             f"multi30k/ and bible_es_en/.")

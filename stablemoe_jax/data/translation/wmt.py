@@ -20,9 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
-from typing import Any, Iterator
+from typing import Iterator
 
-from stablemoe_jax.core.settings import TranslationDataSettings, typed
+from stablemoe_jax.core.settings import TranslationDataSettings
 from stablemoe_jax.data.common.locate import DataError, DataNotFoundError
 from stablemoe_jax.data.translation.files import FilePairs
 
@@ -63,20 +63,20 @@ def prepared_path(tfds_data_dir: pathlib.Path, pair: str) -> pathlib.Path:
   return pathlib.Path(tfds_data_dir) / builder / config / version
 
 
-def missing_pairs(data_config: Any) -> list[str]:
-  """The configured pairs whose TFDS data is not prepared under ``data.tfds_data_dir``."""
-  data = typed(TranslationDataSettings, data_config)
+def missing_pairs(data: TranslationDataSettings) -> list[str]:
+  """The pairs of ``data.pairs`` whose TFDS data is not prepared under ``data.tfds_data_dir``."""
   root, pairs = data.tfds_data_dir, parse_wmt_pairs(data.pairs)
   if not root:
     return pairs
   return [p for p in pairs if not (prepared_path(root, p) / "dataset_info.json").is_file()]
 
 
-def require_prepared(data_config: Any) -> None:
-  """Raises DataNotFoundError (one line: what to prepare where the network is) unless every pair is prepared."""
-  missing = missing_pairs(data_config)
+def require_prepared(data: TranslationDataSettings) -> None:
+  """Raises DataNotFoundError (one line: what to prepare where the network is) unless every pair of ``data.pairs``
+  is prepared."""
+  missing = missing_pairs(data)
   if missing:
-    root = typed(TranslationDataSettings, data_config).tfds_data_dir or "<unset: --config.data.tfds_data_dir>"
+    root = data.tfds_data_dir or "<unset: --config.data.tfds_data_dir>"
     raise DataNotFoundError(
         f"WMT data not prepared under data.tfds_data_dir={root}: on a machine with network run "
         f"`python -m stablemoe_jax.data.wmt --tfds_data_dir=DIR --pairs={','.join(missing)}` (TFDS builders "
@@ -138,14 +138,14 @@ def export_split(builder, split: str, pair: str, paths: tuple[pathlib.Path, path
   marker.write_text(json.dumps(identity) + "\n")
 
 
-def file_pairs(data_config: Any, directory: pathlib.Path) -> FilePairs:
-  """{(pair, set name): [(source file, target file)]}: each pair's TFDS splits exported under ``directory/raw``.
+def file_pairs(data: TranslationDataSettings, directory: pathlib.Path) -> FilePairs:
+  """{(pair, set name): [(source file, target file)]}: each of ``data.pairs``' TFDS splits exported under
+  ``directory/raw``.
 
   Raises:
     DataNotFoundError: a pair's TFDS data is not under ``data.tfds_data_dir`` (``require_prepared``).
     DataError: a pair was prepared in a format other than array_record.
   """
-  data = typed(TranslationDataSettings, data_config)
   require_prepared(data)
   raw = pathlib.Path(directory) / "raw"
   raw.mkdir(parents=True, exist_ok=True)
@@ -163,9 +163,8 @@ def file_pairs(data_config: Any, directory: pathlib.Path) -> FilePairs:
   return out
 
 
-def settings(data_config: Any) -> dict:
-  """What the prepared data depends on (the manifest's and the tokenizer's ``settings``); where the TFDS data
-  lies is not part of it (the exported files' identity is, through the shards' fingerprint)."""
-  data = typed(TranslationDataSettings, data_config)
+def settings(data: TranslationDataSettings) -> dict:
+  """What the prepared data of ``data`` depends on (the manifest's and the tokenizer's ``settings``); where the TFDS
+  data lies is not part of it (the exported files' identity is, through the shards' fingerprint)."""
   return {"corpus": "wmt", "pairs": parse_wmt_pairs(data.pairs),
           "sentencepiece_vocab_size": int(data.sentencepiece_vocab_size)}

@@ -8,7 +8,7 @@ import pytest
 from stablemoe_jax.data.common import locate
 from stablemoe_jax.data.common import tokenizers
 from stablemoe_jax.data.lm import pipeline as data_lib
-from tests.data.conftest import _data_config, _reference_stream
+from tests.data.conftest import _data_settings, _reference_stream
 
 
 # --- locating data --------------------------------------------------------------
@@ -25,7 +25,7 @@ def test_missing_data_dir_error_names_the_fix(tmp_path, monkeypatch):
     assert 'python -m stablemoe_jax.data.download --dest' in message
   assert issubclass(locate.DataNotFoundError, FileNotFoundError)
   with pytest.raises(locate.DataNotFoundError):
-    data_lib.load_lm_data(_data_config(tmp_path / 'nowhere'), tmp_path / 'prep')
+    data_lib.load_lm_data(_data_settings(tmp_path / 'nowhere'), tmp_path / 'prep')
 
 
 def test_data_dir_from_env_and_both_ptb_layouts(shared_data, ptb_files, tmp_path, monkeypatch):
@@ -41,9 +41,9 @@ def test_data_dir_from_env_and_both_ptb_layouts(shared_data, ptb_files, tmp_path
 
 def test_unknown_config_values_raise(shared_data, tmp_path):
   with pytest.raises(ValueError, match="'ptb', 'text'|ptb, text"):
-    data_lib.load_lm_data(_data_config(shared_data, corpus='wiki'), tmp_path)
+    data_lib.load_lm_data(_data_settings(shared_data, corpus='wiki'), tmp_path)
   with pytest.raises(ValueError, match='word, sentencepiece'):
-    data_lib.load_lm_data(_data_config(shared_data, tokenizer='bpe'), tmp_path)
+    data_lib.load_lm_data(_data_settings(shared_data, tokenizer='bpe'), tmp_path)
 
 
 def test_text_corpus_with_sentencepiece_end_to_end(shared_data, tmp_path):
@@ -54,7 +54,7 @@ def test_text_corpus_with_sentencepiece_end_to_end(shared_data, tmp_path):
   (corpus / 'train.txt').write_bytes(b'\r\n'.join(raw[:3000]))
   (corpus / 'valid.txt').write_bytes(b'\r\n'.join(raw[3000:3600]))
   (corpus / 'test.txt').write_bytes(b'\r\n'.join(raw[3600:]))
-  lm = data_lib.load_lm_data(_data_config(corpus, corpus='text', tokenizer='sentencepiece'), tmp_path / 'prep')
+  lm = data_lib.load_lm_data(_data_settings(corpus, corpus='text', tokenizer='sentencepiece'), tmp_path / 'prep')
   assert lm.vocab_size == 500 and isinstance(lm.tokenizer, tokenizers.SentencePieceTokenizer)
   ref = _reference_stream(lm.tokenizer, corpus / 'valid.txt')
   assert lm.split_num_tokens('valid') == len(ref)

@@ -21,6 +21,7 @@ from tests.conftest import REPO, SHARED_DATA, make_tiny_config, tiny_flags
 
 from configs import lm_files, lm_multi_cpu, mt_cpu
 from stablemoe_jax.core.errors import ConfigError, DataError
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.data.lm import eval_sets
 from stablemoe_jax.data.prepare import lm as lm_prepare
 from stablemoe_jax.data.prepare import union_corpus
@@ -79,7 +80,7 @@ def test_union_corpus_is_deterministic_and_agrees_with_the_presets(union_dir, tm
   assert (union_corpus.BIBLE_VALID_BOOKS, union_corpus.BIBLE_TEST_BOOKS) == (data.bible_valid_books,
                                                                              data.bible_test_books)
   assert lm_multi_cpu.SOURCES == union_corpus.SOURCES
-  assert list(eval_sets.parse(lm_multi_cpu.get_config().data)) == list(union_corpus.SOURCES)
+  assert list(eval_sets.parse(from_config(lm_multi_cpu.get_config()).data)) == list(union_corpus.SOURCES)
 
 
 def test_union_corpus_command_says_one_line_and_exits_2_on_a_bad_book(tmp_path, capsys):
@@ -117,7 +118,7 @@ def small_run(union_dir, tmp_path_factory):
       lines = (union_dir / split / f"{name}.txt").read_text().split("\n")[:count]
       (corpus / split / f"{name}.txt").write_text("\n".join(lines) + "\n")
   config = _small_config(corpus)
-  lm_prepare.prepare(config.data, root / "run" / "data", lm_prepare.Options(workers=0, progress=False))
+  lm_prepare.prepare(from_config(config).data, root / "run" / "data", lm_prepare.Options(workers=0, progress=False))
   return config, root / "run"
 
 
@@ -196,7 +197,7 @@ def test_a_glob_matching_nothing_stops_prepare(small_run, tmp_path):
   config = config.copy_and_resolve_references()
   config.data.eval_sets += f",lost={tmp_path}/{{split}}/none.txt"
   with pytest.raises(DataError, match=r"data.eval_sets \(valid@lost\): .* matches no file") as error:
-    lm_prepare.prepare(config.data, tmp_path / "data", lm_prepare.Options(workers=0, progress=False))
+    lm_prepare.prepare(from_config(config).data, tmp_path / "data", lm_prepare.Options(workers=0, progress=False))
   assert "\n" not in str(error.value) and not (tmp_path / "data").exists()
 
 
@@ -216,7 +217,7 @@ def test_a_set_that_was_not_prepared_stops_main_with_exit_2(small_run):
                           cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 2, result.stderr[-2000:]
   error = result.stderr.strip().splitlines()
-  assert len(error) == 1 and "valid@extra, test@extra" in error[0] and "data.prepare" in error[0]
+  assert len(error) == 1 and "valid@extra, test@extra" in error[0] and "python -m stablemoe_jax.prepare" in error[0]
   assert not (workdir / "metrics.jsonl").exists() and not list((workdir / "checkpoints").glob("*"))
 
 
@@ -229,7 +230,7 @@ def test_the_preset_end_to_end_reports_every_sources_perplexity(tmp_path):
                                      text=True, timeout=900)
   small = ["--config.data.sentencepiece_vocab_size=600"]
   steps = [("stablemoe_jax.data.prepare.union_corpus", "--data_dir", str(SHARED_DATA), "--out", "runs/union_corpus"),
-           ("stablemoe_jax.data.prepare", "--config", "configs/lm_multi_cpu.py", "--workdir", "runs/lm_multi",
+           ("stablemoe_jax.prepare", "--config", "configs/lm_multi_cpu.py", "--workdir", "runs/lm_multi",
             "--workers", "0", "--sentencepiece_sample_lines=20000", *small),
            ("stablemoe_jax.main", "--config", "configs/lm_multi_cpu.py", "--workdir", "runs/lm_multi", *small,
             *tiny_flags(steps=4, stage1_steps=2, warmup_steps=1, log_every=2, checkpoint_every=2))]

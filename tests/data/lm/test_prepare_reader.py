@@ -6,10 +6,10 @@ import dataclasses
 import json
 import pathlib
 
-import ml_collections
 import numpy as np
 import pytest
 
+from stablemoe_jax.core.settings import LMDataSettings
 from stablemoe_jax.data.lm import grain_reader
 from stablemoe_jax.data.lm import pipeline
 from stablemoe_jax.data.prepare import lm as prepare
@@ -17,18 +17,17 @@ from stablemoe_jax.data.prepare import lm as prepare
 from tests.conftest import make_tiny_config
 
 
-def _config(ptb_dir: pathlib.Path) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(corpus='ptb', data_dir=str(ptb_dir), tokenizer='word',
-                                        sentencepiece_vocab_size=8000))
+def _data_settings(ptb_dir: pathlib.Path) -> LMDataSettings:
+  return LMDataSettings(corpus='ptb', data_dir=str(ptb_dir), tokenizer='word', sentencepiece_vocab_size=8000)
 
 
 @pytest.fixture(scope='module')
 def both(ptb_dir, tmp_path_factory):
   """(today's LMData via TFDS, LMData read from prepare's shards: 5 train shards, 4096-token records)."""
-  today = pipeline.load_lm_data(_config(ptb_dir), tmp_path_factory.mktemp('tfds'))
+  today = pipeline.load_lm_data(_data_settings(ptb_dir), tmp_path_factory.mktemp('tfds'))
   sharded_dir = tmp_path_factory.mktemp('shards')
-  prepare.prepare(_config(ptb_dir), sharded_dir, prepare.Options(shard_mb=1, workers=0, progress=False))
-  return today, pipeline.load_lm_data(_config(ptb_dir), sharded_dir)
+  prepare.prepare(_data_settings(ptb_dir), sharded_dir, prepare.Options(shard_mb=1, workers=0, progress=False))
+  return today, pipeline.load_lm_data(_data_settings(ptb_dir), sharded_dir)
 
 
 def _assert_same_batches(a, b, count: int):

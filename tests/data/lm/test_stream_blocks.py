@@ -12,7 +12,7 @@ from stablemoe_jax.data.lm import blocks
 from stablemoe_jax.data.lm import pipeline
 from stablemoe_jax.data.lm import pipeline as data_lib
 from stablemoe_jax.data.lm import stream
-from tests.data.conftest import BATCH, SEQ_LEN, _data_config
+from tests.data.conftest import BATCH, SEQ_LEN, _data_settings
 
 
 # --- token stream and blocks ---------------------------------------------------
@@ -43,7 +43,7 @@ def test_a_split_read_once_is_saved_flat_and_loaded_back_equal(ptb, shared_data,
   ptb.stream('valid')
   cache = ptb.stream_cache_dir / 'valid.stream.npz'
   assert cache.is_file() and cache.parent == prepared_dir / 'tfds' / 'lm_corpus' / cache.parent.parent.name / '1.0.0'
-  again = data_lib.load_lm_data(_data_config(shared_data), prepared_dir)
+  again = data_lib.load_lm_data(_data_settings(shared_data), prepared_dir)
   loaded = again.stream('valid')
   assert isinstance(loaded._records, stream.FlatRecords)
   np.testing.assert_array_equal(loaded.read(0, len(loaded)), valid_stream_ref)

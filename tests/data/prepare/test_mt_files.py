@@ -11,6 +11,7 @@ import pytest
 from tests.mt_fixtures import make_tiny_mt_config, multi30k_lines
 
 from configs import mt_files
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.prepare import lm as prepare
@@ -70,14 +71,14 @@ def prepared(tmp_path_factory):
   root = write_files_corpus(tmp_path_factory.mktemp("corpus"))
   config = files_config(root)
   prepared_dir = tmp_path_factory.mktemp("workdir") / "data"
-  report = prepare_translation.prepare(config.data, prepared_dir, OPTIONS)
+  report = prepare_translation.prepare(from_config(config).data, prepared_dir, OPTIONS)
   return root, config, prepared_dir, report
 
 
 def test_files_config_prepares_every_pair_and_set_as_the_files_hold_them(prepared):
   root, config, prepared_dir, report = prepared
   validate_config(config)
-  data = data_lib.load_translation_data(config.data, prepared_dir)
+  data = data_lib.load_translation_data(from_config(config).data, prepared_dir)
   assert data.pairs == ("de-en", "fr-en")
   assert report["pairs"] == {"de-en": {"train": 2 * TRAIN_LINES, "valid": 24, "test": 24},
                              "fr-en": {"train": TRAIN_LINES, "valid": 24, "test": 24}}
@@ -116,7 +117,7 @@ def test_files_config_errors_are_one_line_before_any_work(tmp_path, prepared):
   bad.data.test_files = f"{root}/{{pair}}/tset.{{lang}}"
   workdir = tmp_path / "data"
   with pytest.raises(shards.EmptyInputError) as error:
-    prepare_translation.prepare(bad.data, workdir, OPTIONS)
+    prepare_translation.prepare(from_config(bad).data, workdir, OPTIONS)
   message = str(error.value)
   assert "\n" not in message and f"'{root}/de-en/tset.de' matches no file" in message
   assert "Fix --config.data.test_files=" in message and not workdir.exists()  # nothing was written
@@ -127,14 +128,14 @@ def test_mismatched_line_counts_name_both_files(tmp_path):
   (root / "de-en" / "valid.en").write_text("one\ntwo\n", encoding="utf-8")
   config = files_config(root)
   with pytest.raises(shards.MisalignedError, match=r"valid\.de has 24 lines but .*valid\.en has 2"):
-    prepare_translation.prepare(config.data, tmp_path / "data", OPTIONS)
+    prepare_translation.prepare(from_config(config).data, tmp_path / "data", OPTIONS)
 
 
 def test_changed_input_or_tokenizer_setting_redoes_the_pair_shards(tmp_path):
   root = write_files_corpus(tmp_path / "corpus")
   config = files_config(root)
   prepared_dir = tmp_path / "data"
-  first = prepare_translation.prepare(config.data, prepared_dir, OPTIONS)
+  first = prepare_translation.prepare(from_config(config).data, prepared_dir, OPTIONS)
   names = _shard_names(prepared_dir)
   assert first["shards_written"] == first["shards"] == len(names)
 
@@ -143,19 +144,19 @@ def test_changed_input_or_tokenizer_setting_redoes_the_pair_shards(tmp_path):
   lines = changed.read_text(encoding="utf-8").split("\n")
   lines[3] = lines[3][::-1]
   changed.write_text("\n".join(lines), encoding="utf-8")
-  second = prepare_translation.prepare(config.data, prepared_dir, OPTIONS)
+  second = prepare_translation.prepare(from_config(config).data, prepared_dir, OPTIONS)
   assert second["shards_written"] == 1 and second["shards_reused"] == len(names) - 1
   assert second["stale_files_removed"] == 2  # the old shard's records and its done marker
   assert len(_shard_names(prepared_dir) - names) == 1
-  data = data_lib.load_translation_data(config.data, prepared_dir)
+  data = data_lib.load_translation_data(from_config(config).data, prepared_dir)
   np.testing.assert_array_equal(data.sets["de-en"]["valid"].target(3), data.tokenizer.encode(lines[3].strip()))
   assert data.raw_text("de-en", "valid")[1][3] == lines[3]
 
   config.data.sentencepiece_vocab_size = 350  # another tokenizer: no shard may be reused
-  third = prepare_translation.prepare(config.data, prepared_dir, OPTIONS)
+  third = prepare_translation.prepare(from_config(config).data, prepared_dir, OPTIONS)
   assert third["shards_reused"] == 0 and third["shards_written"] == third["shards"]
   assert not _shard_names(prepared_dir) & names
-  data = data_lib.load_translation_data(config.data, prepared_dir)
+  data = data_lib.load_translation_data(from_config(config).data, prepared_dir)
   assert data.vocab_size == 350
   manifest = json.loads((prepared_dir / "translation" / data_lib.MANIFEST).read_text())
   assert manifest["tokenizer_md5"] == data.tokenizer.fingerprint()
@@ -169,15 +170,16 @@ def test_skip_bad_files_leaves_out_a_pair_of_files_with_a_bad_line(tmp_path):
   bad.write_bytes(b"\n".join(raw))
   config = files_config(root)
   with pytest.raises(text.BadCorpusError) as error:
-    prepare_translation.prepare(config.data, tmp_path / "stop", OPTIONS)
+    prepare_translation.prepare(from_config(config).data, tmp_path / "stop", OPTIONS)
   assert f"{bad}, line 7" in str(error.value) and "\n" not in str(error.value)
   assert not (tmp_path / "stop" / "translation" / data_lib.MANIFEST).exists()
 
-  report = prepare_translation.prepare(config.data, tmp_path / "skip", dataclasses.replace(OPTIONS, skip_bad_files=True))
+  report = prepare_translation.prepare(from_config(config).data, tmp_path / "skip",
+                                       dataclasses.replace(OPTIONS, skip_bad_files=True))
   assert [f["path"] for f in report["skipped_files"]] == [str(bad)]
   assert f"{bad}, line 7" in report["skipped_files"][0]["error"]
   assert report["pairs"]["de-en"]["train"] == TRAIN_LINES  # train.00 only
-  data = data_lib.load_translation_data(config.data, tmp_path / "skip")
+  data = data_lib.load_translation_data(from_config(config).data, tmp_path / "skip")
   assert len(data.sets["de-en"]["train"]) == TRAIN_LINES
   first = _lines(root / "de-en" / "train.00.de")
   np.testing.assert_array_equal(data.sets["de-en"]["train"].source(TRAIN_LINES - 1)[1:-1],
@@ -204,8 +206,8 @@ def test_a_lone_carriage_return_stays_inside_its_line_in_both_paths(tmp_path):
   assert "\r" in raw["valid"].sources[2] and not raw["valid"].sources[5].endswith("\r")
   assert len(raw["valid"].sources) == len(raw["valid"].targets) == 12
   prepared_dir = tmp_path / "data"
-  prepare_translation.prepare(config.data, prepared_dir, OPTIONS)
-  data = data_lib.load_translation_data(config.data, prepared_dir)
+  prepare_translation.prepare(from_config(config).data, prepared_dir, OPTIONS)
+  data = data_lib.load_translation_data(from_config(config).data, prepared_dir)
   for name, ps in raw.items():
     expected = batch_lib.encode_set(data.tokenizer, ps)
     got = data.sets["de-en"][name]
@@ -216,7 +218,7 @@ def test_a_lone_carriage_return_stays_inside_its_line_in_both_paths(tmp_path):
     if name != "train":
       assert data.raw_text("de-en", name) == (list(ps.sources), list(ps.targets))
   # main's own .npz path writes and reads the same references.
-  memory = data_lib.load_translation_data(config.data, tmp_path / "memory")
+  memory = data_lib.load_translation_data(from_config(config).data, tmp_path / "memory")
   assert memory.raw_text("de-en", "valid") == (list(raw["valid"].sources), list(raw["valid"].targets))
 
 
@@ -233,7 +235,7 @@ def test_files_config_prepare_then_train(prepared):
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "task_loss" in r][-1] == 6
   assert set(summary.pair_weights) == {"de-en", "fr-en"}
-  data = data_lib.load_translation_data(config.data, prepared_dir)
+  data = data_lib.load_translation_data(from_config(config).data, prepared_dir)
   fitting = {p: len(data.sets[p]["train"].fitting(config.train.seq_len)) for p in data.pairs}
   assert summary.pair_weights["de-en"] == pytest.approx(fitting["de-en"] / sum(fitting.values()))
   assert set(summary.bleu["sets"]) == {"de-en", "fr-en"} and set(summary.bleu["sets"]["de-en"]) == {"test"}

@@ -1,4 +1,4 @@
-"""`python -m stablemoe_jax.data.prepare`: Beam workers, resume, invalidation, memory, bad input.
+"""`python -m stablemoe_jax.prepare`: Beam workers, resume, invalidation, memory, bad input.
 
 A tiny corpus cut from PTB (train: a plain file of ~9 byte-range shards and a
 .gz file that is one larger shard; valid and test: one file each) keeps every
@@ -18,10 +18,10 @@ import subprocess
 import sys
 import time
 
-import ml_collections
 import numpy as np
 import pytest
 
+from stablemoe_jax.core.settings import LMDataSettings
 from stablemoe_jax.data.common import text
 from stablemoe_jax.data.common import tokenizers
 from stablemoe_jax.data.lm import grain_reader
@@ -50,10 +50,10 @@ def corpus(ptb_dir, tmp_path) -> pathlib.Path:
   return raw
 
 
-def _config(raw: pathlib.Path, tokenizer='word') -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      corpus='files', data_dir='', tokenizer=tokenizer, sentencepiece_vocab_size=300,
-      train_files=f'{raw}/train_*', valid_files=f'{raw}/valid.txt', test_files=f'{raw}/test.txt'))
+def _data_settings(raw: pathlib.Path, tokenizer='word', **others) -> LMDataSettings:
+  return LMDataSettings(corpus='files', data_dir='', tokenizer=tokenizer, sentencepiece_vocab_size=300,
+                        train_files=f'{raw}/train_*', valid_files=f'{raw}/valid.txt', test_files=f'{raw}/test.txt',
+                        **others)
 
 
 def _records(prepared_dir: pathlib.Path) -> dict[str, bytes]:
@@ -81,10 +81,10 @@ def test_beam_with_two_workers_writes_the_same_bytes_as_one_worker_and_inline(co
   dirs = {}
   for workers in (0, 1, 2):
     dirs[workers] = tmp_path / f'w{workers}'
-    report = prepare.prepare(_config(corpus), dirs[workers], dataclasses.replace(OPTIONS, workers=workers))
+    report = prepare.prepare(_data_settings(corpus), dirs[workers], dataclasses.replace(OPTIONS, workers=workers))
     assert report['shards_written'] == report['shards'] >= 10
   assert _records(dirs[0]) == _records(dirs[1]) == _records(dirs[2])
-  data = grain_reader.load(dirs[2], _config(corpus))
+  data = grain_reader.load(dirs[2], _data_settings(corpus))
   expected = _reference_stream(data.tokenizer, corpus, ['train_a.txt', 'train_b.txt.gz'])
   stream = data.stream('train')
   np.testing.assert_array_equal(stream.read(0, len(stream)), expected)
@@ -93,7 +93,7 @@ def test_beam_with_two_workers_writes_the_same_bytes_as_one_worker_and_inline(co
 
 def test_resume_redoes_only_the_missing_shards_and_gives_the_same_bytes(corpus, tmp_path):
   out = tmp_path / 'data'
-  prepare.prepare(_config(corpus), out, OPTIONS)
+  prepare.prepare(_data_settings(corpus), out, OPTIONS)
   first = _records(out)
   done = sorted((out / 'shards' / 'train').glob('*.json'))
   # A killed run: two shards never finished (one of them renamed its records but had no done marker yet),
@@ -103,7 +103,7 @@ def test_resume_redoes_only_the_missing_shards_and_gives_the_same_bytes(corpus, 
   done[4].with_suffix('.array_record').unlink()
   (out / 'shards' / 'train' / (done[6].stem + '.array_record.tmp.999')).write_bytes(b'half')
   before = {p.name: p.stat().st_mtime_ns for p in (out / 'shards').glob('*/*.array_record')}
-  report = prepare.prepare(_config(corpus), out, OPTIONS)
+  report = prepare.prepare(_data_settings(corpus), out, OPTIONS)
   assert (report['shards_written'], report['shards_reused']) == (2, report['shards'] - 2)
   after = {p.name: p.stat().st_mtime_ns for p in (out / 'shards').glob('*/*.array_record')}
   redone = {name for name in after if before.get(name) != after[name]}
@@ -114,33 +114,33 @@ def test_resume_redoes_only_the_missing_shards_and_gives_the_same_bytes(corpus, 
 
 def test_changed_input_or_tokenizer_never_reuses_stale_shards(corpus, tmp_path):
   out = tmp_path / 'data'
-  prepare.prepare(_config(corpus), out, OPTIONS)
+  prepare.prepare(_data_settings(corpus), out, OPTIONS)
   names = lambda: {p.name for p in out.glob('shards/*/*.array_record')}
   old = names()
   with open(corpus / 'valid.txt', 'a') as f:
     f.write('a new last line\n')
-  report = prepare.prepare(_config(corpus), out, OPTIONS)
+  report = prepare.prepare(_data_settings(corpus), out, OPTIONS)
   new = names()
   valid_shards = {n for n in old if n.startswith('valid-')}
   assert len(valid_shards) > 1 and old - new == valid_shards  # Every shard of the changed file is redone ...
   assert len(new - old) == report['shards_written'] == len(valid_shards)  # ... and the stale ones are deleted.
   assert all(n.startswith('valid-') for n in new - old)
-  data = grain_reader.load(out, _config(corpus))
+  data = grain_reader.load(out, _data_settings(corpus))
   stream = data.stream('valid')
   assert data.tokenizer.decode(stream.read(len(stream) - 5, len(stream))) == 'a new last line <eos>'
-  report = prepare.prepare(_config(corpus, 'sentencepiece'), out, OPTIONS)
+  report = prepare.prepare(_data_settings(corpus, 'sentencepiece'), out, OPTIONS)
   assert report['shards_reused'] == 0 and not names() & new
   assert tokenizers.load_tokenizer(out / 'tokenizer').kind == 'sentencepiece'
   with pytest.raises(prepared.PreparedDataMismatchError, match="data.tokenizer='word' but they were prepared"):
-    grain_reader.load(out, _config(corpus, 'word'))
+    grain_reader.load(out, _data_settings(corpus, 'word'))
   (corpus / 'test.txt').write_text('changed\n')
   with pytest.raises(prepared.PreparedDataMismatchError, match='input files changed'):
-    grain_reader.load(out, _config(corpus, 'sentencepiece'))
+    grain_reader.load(out, _data_settings(corpus, 'sentencepiece'))
 
 
 def test_a_worker_holds_one_batch_of_lines_not_its_shard(corpus, tmp_path):
   out = tmp_path / 'data'
-  prepare.prepare(_config(corpus), out, OPTIONS)
+  prepare.prepare(_data_settings(corpus), out, OPTIONS)
   stats = {p.name: json.loads(p.read_text()) for p in out.glob('shards/train/*.json')}
   biggest = max(stats.values(), key=lambda s: s['num_lines'])
   assert biggest['num_lines'] == 900  # The .gz file: one shard, ten times the others.
@@ -153,28 +153,28 @@ def test_a_bad_file_stops_naming_file_and_line_or_is_skipped_and_counted(corpus,
   bad = corpus / 'train_c.txt'
   bad.write_bytes(b'fine line\n' * 30 + b'caf\xe9 au lait\n' + b'more\n' * 5)
   with pytest.raises(text.BadCorpusError) as error:
-    prepare.prepare(_config(corpus, tokenizer), tmp_path / 'a', OPTIONS)
+    prepare.prepare(_data_settings(corpus, tokenizer), tmp_path / 'a', OPTIONS)
   assert str(error.value).startswith(f'{bad}, line 31: byte 0xe9 at column 4 is not UTF-8')
   assert not (tmp_path / 'a' / prepared.MANIFEST).exists()
-  report = prepare.prepare(_config(corpus, tokenizer), tmp_path / 'b',
+  report = prepare.prepare(_data_settings(corpus, tokenizer), tmp_path / 'b',
                            dataclasses.replace(OPTIONS, skip_bad_files=True))
   assert [f['path'] for f in report['skipped_files']] == [str(bad)]
   bad.unlink()
-  clean = prepare.prepare(_config(corpus, tokenizer), tmp_path / 'c', OPTIONS)
+  clean = prepare.prepare(_data_settings(corpus, tokenizer), tmp_path / 'c', OPTIONS)
   assert clean['tokens'] == report['tokens']
 
 
 def test_an_empty_split_is_one_line(corpus, tmp_path):
   (corpus / 'test.txt').write_text('\n  \n\r\n')
   with pytest.raises(text.BadCorpusError) as error:
-    prepare.prepare(_config(corpus), tmp_path / 'data', OPTIONS)
+    prepare.prepare(_data_settings(corpus), tmp_path / 'data', OPTIONS)
   assert str(error.value) == f'The test split has no text (inputs: {corpus / "test.txt"}).'
 
 
 @pytest.mark.slow
 def test_kill_9_mid_preparation_then_rerun_redoes_only_unfinished_shards(ptb_dir, tmp_path):
   """The command itself, killed with SIGKILL after some shards are done, then run again."""
-  command = [sys.executable, '-m', 'stablemoe_jax.data.prepare', '--config', 'configs/default.py',
+  command = [sys.executable, '-m', 'stablemoe_jax.prepare', '--config', 'configs/default.py',
              f'--config.data.data_dir={ptb_dir}', '--workers=0', '--shard_mb=0.05', '--batch_lines=20']
   env = dict(os.environ, PYTHONPATH=str(REPO))
   reference = tmp_path / 'reference'
@@ -199,8 +199,6 @@ def test_kill_9_mid_preparation_then_rerun_redoes_only_unfinished_shards(ptb_dir
 
 
 def test_the_tokenizer_is_built_from_tokenizer_files_when_given(corpus, tmp_path):
-  config = _config(corpus)
-  config.tokenizer_files = f'{corpus}/train_a.txt'
-  prepare.prepare(config, tmp_path / 'data', OPTIONS)
+  prepare.prepare(_data_settings(corpus, tokenizer_files=f'{corpus}/train_a.txt'), tmp_path / 'data', OPTIONS)
   expected = tokenizers.WordTokenizer.from_file(corpus / 'train_a.txt')
   assert tokenizers.load_tokenizer(tmp_path / 'data' / 'tokenizer').fingerprint() == expected.fingerprint()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from tests.mt_fixtures import make_tiny_mt_config, write_small_corpora
 
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.data.common import shards
 from stablemoe_jax.data.prepare import lm as prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
@@ -20,7 +21,7 @@ from stablemoe_jax.data.translation import pipeline as data_lib
 def sets(tmp_path_factory):
   corpora = write_small_corpora(tmp_path_factory.mktemp("corpora"))
   config = make_tiny_mt_config(corpora)
-  data = data_lib.load_translation_data(config.data, tmp_path_factory.mktemp("prepared"))
+  data = data_lib.load_translation_data(from_config(config).data, tmp_path_factory.mktemp("prepared"))
   in_memory = data.split_sets("train")
   directory = tmp_path_factory.mktemp("records")
   on_disk = []
@@ -92,7 +93,7 @@ def prepared(tmp_path_factory):
   corpora = write_small_corpora(tmp_path_factory.mktemp("corpora"))
   config = make_tiny_mt_config(corpora)
   prepared_dir = tmp_path_factory.mktemp("workdir") / "data"
-  prepare_translation.prepare(config.data, prepared_dir, OPTIONS)
+  prepare_translation.prepare(from_config(config).data, prepared_dir, OPTIONS)
   return config, prepared_dir
 
 
@@ -104,7 +105,7 @@ def _shard_bytes(prepared_dir):
 
 def test_prepared_records_are_the_pairs_encoded_as_main_encodes_them(prepared):
   config, prepared_dir = prepared
-  data = data_lib.load_translation_data(config.data, prepared_dir)
+  data = data_lib.load_translation_data(from_config(config).data, prepared_dir)
   raw = parallel.read_sets(config.data.data_dir and __import__("pathlib").Path(config.data.data_dir),
                            ("de-en", "fr-en", "cs-en", "es-en"), ("Ruth",), ("Jonah",))
   for pair, named in raw.items():
@@ -126,7 +127,7 @@ def test_prepared_records_are_the_pairs_encoded_as_main_encodes_them(prepared):
 def test_two_beam_workers_write_the_same_bytes_as_one_process(prepared, tmp_path):
   config, prepared_dir = prepared
   beam_dir = tmp_path / "data"
-  report = prepare_translation.prepare(config.data, beam_dir, dataclasses.replace(OPTIONS, workers=2))
+  report = prepare_translation.prepare(from_config(config).data, beam_dir, dataclasses.replace(OPTIONS, workers=2))
   assert report["shards_written"] == report["shards"] > 4
   assert _shard_bytes(beam_dir) == _shard_bytes(prepared_dir)
 
@@ -134,11 +135,11 @@ def test_two_beam_workers_write_the_same_bytes_as_one_process(prepared, tmp_path
 def test_resume_redoes_only_the_missing_shards(prepared, tmp_path):
   config, prepared_dir = prepared
   copy = tmp_path / "data"  # Prepared afresh: the Bible's sets are files under it, named by their path.
-  prepare_translation.prepare(config.data, copy, OPTIONS)
+  prepare_translation.prepare(from_config(config).data, copy, OPTIONS)
   markers = sorted((copy / "translation" / "shards").glob("*/*.json"))
   for marker in markers[::3]:  # As if killed before these shards finished.
     marker.unlink()
     marker.with_suffix(".array_record").unlink()
-  report = prepare_translation.prepare(config.data, copy, OPTIONS)
+  report = prepare_translation.prepare(from_config(config).data, copy, OPTIONS)
   assert report["shards_written"] == len(markers[::3]) and report["shards_reused"] == len(markers) - len(markers[::3])
   assert _shard_bytes(copy) == _shard_bytes(prepared_dir)

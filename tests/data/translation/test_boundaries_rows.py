@@ -32,7 +32,7 @@ def test_mt_files_with_pairs_and_no_prepared_shards_stops_before_the_workdir_is_
     loop.Experiment(_mt_files_config(), workdir)
   message = str(error.value)
   assert message.startswith(f"data.corpus='files' is read from shards that {workdir / 'data'} does not hold: "
-                            f"prepare them first with `python -m stablemoe_jax.data.prepare --config CONFIG "
+                            f"prepare them first with `python -m stablemoe_jax.prepare --config CONFIG "
                             f"--workdir {workdir} --workers 8 --config.data.pairs='de-en,fr-en' "
                             f"--config.data.train_files='/nonexistent/{{pair}}/train.{{lang}}'")
   assert "\n" not in message and not workdir.exists()

@@ -6,6 +6,7 @@ import pytest
 from tests.mt_fixtures import make_tiny_mt_config, write_small_corpora
 
 from stablemoe_jax.core.errors import DataNotFoundError
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.data.translation import batches as batch_lib
 from stablemoe_jax.data.translation import corpora as parallel
 from stablemoe_jax.data.translation import pipeline as data_lib
@@ -22,7 +23,7 @@ def corpora(tmp_path_factory):
 def prepared(corpora, tmp_path_factory):
   config = make_tiny_mt_config(corpora)
   workdir = tmp_path_factory.mktemp("prepared")
-  return config, workdir, data_lib.load_translation_data(config.data, workdir)
+  return config, workdir, data_lib.load_translation_data(from_config(config).data, workdir)
 
 
 def test_held_out_books_are_never_trained_on(corpora):
@@ -89,7 +90,7 @@ def test_over_length_pairs_are_counted_and_reported(prepared):
 def test_a_prepared_workdir_needs_no_raw_corpus(prepared):
   config, workdir, data = prepared
   config.data.data_dir = "/nonexistent"
-  again = data_lib.load_translation_data(config.data, workdir)
+  again = data_lib.load_translation_data(from_config(config).data, workdir)
   assert again.tokenizer.fingerprint() == data.tokenizer.fingerprint()
   np.testing.assert_array_equal(again.sets["de-en"]["train"].source_ids, data.sets["de-en"]["train"].source_ids)
 

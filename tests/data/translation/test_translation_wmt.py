@@ -16,6 +16,7 @@ from tests.mt_fixtures import make_tiny_mt_config, multi30k_lines
 
 from configs import mt_wmt
 from stablemoe_jax.core.errors import DataError
+from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.data.prepare import lm as prepare
 from stablemoe_jax.data.prepare import translation as prepare_translation
 from stablemoe_jax.data.translation import pipeline as data_lib
@@ -38,7 +39,7 @@ def test_wmt_config_is_valid_and_names_the_paper_pairs(tmp_path):
   config.data.pairs, config.data.tfds_data_dir = "fr-en,hi-en", str(tmp_path)
   (wmt.prepared_path(tmp_path, "hi-en")).mkdir(parents=True)
   (wmt.prepared_path(tmp_path, "hi-en") / "dataset_info.json").write_text("{}")
-  assert wmt.missing_pairs(config.data) == ["fr-en"]
+  assert wmt.missing_pairs(from_config(config).data) == ["fr-en"]
 
 
 def _one_error_line(run: subprocess.CompletedProcess) -> str:
@@ -142,7 +143,7 @@ def prepared_wmt(tmp_path_factory):
     write_fake_tfds(root / "tfds", pair, splits)
   config = wmt_config(root / "tfds")
   validate_config(config)
-  report = prepare_translation.prepare(config.data, root / "work" / "data", OPTIONS)
+  report = prepare_translation.prepare(from_config(config).data, root / "work" / "data", OPTIONS)
   return config, root, records, report
 
 
@@ -152,7 +153,7 @@ def test_prepare_reads_every_tfds_split_into_the_translation_sets(prepared_wmt):
                                                                  "newstest_extra": 5}}
   assert report["pairs"] == want_sizes
   prepared_dir = root / "work" / "data"
-  data = data_lib.load_translation_data(config.data, prepared_dir)
+  data = data_lib.load_translation_data(from_config(config).data, prepared_dir)
   assert {p: sorted(named) for p, named in data.sets.items()} == {p: sorted(s) for p, s in want_sizes.items()}
   assert [s.name for s in data.split_sets("test")] == ["test", "newstest_extra"]  # both of fr-en, none of de-en
   clean = lambda rows: sorted((s.replace("\n", " "), t.replace("\n", " ")) for s, t in rows)
@@ -175,19 +176,19 @@ def test_exported_splits_are_reused_until_the_tfds_data_changes(prepared_wmt):
   raw = root / "work" / "data" / "translation" / "raw"
   before = {p.name: p.stat().st_mtime_ns for p in raw.glob("*.src")}
   assert len(before) == 6
-  prepare_translation.prepare(config.data, root / "work" / "data", OPTIONS)
+  prepare_translation.prepare(from_config(config).data, root / "work" / "data", OPTIONS)
   assert {p.name: p.stat().st_mtime_ns for p in raw.glob("*.src")} == before  # nothing re-read or rewritten
   changed = {split: list(rows) for split, rows in records["fr-en"].items()}
   changed["test"][0] = ("Une phrase changée.", "A changed sentence.")
   write_fake_tfds(root / "tfds", "fr-en", changed)
-  prepare_translation.prepare(config.data, root / "work" / "data", OPTIONS)
+  prepare_translation.prepare(from_config(config).data, root / "work" / "data", OPTIONS)
   after = {p.name: p.stat().st_mtime_ns for p in raw.glob("*.src")}
   # A changed builder is exported again, each of its splits (its dataset_info.json changed); de-en is untouched.
   assert {name for name in before if after[name] != before[name]} == {
       "fr-en.train.src", "fr-en.valid.src", "fr-en.test.src", "fr-en.newstest_extra.src"}
   assert "Une phrase changée." in (raw / "fr-en.test.src").read_text(encoding="utf-8").splitlines()
   write_fake_tfds(root / "tfds", "fr-en", records["fr-en"])  # as the module's other tests expect
-  prepare_translation.prepare(config.data, root / "work" / "data", OPTIONS)
+  prepare_translation.prepare(from_config(config).data, root / "work" / "data", OPTIONS)
 
 
 def test_a_builder_prepared_as_tfrecord_is_one_line_naming_the_fix(tmp_path):
@@ -195,7 +196,7 @@ def test_a_builder_prepared_as_tfrecord_is_one_line_naming_the_fix(tmp_path):
   write_fake_tfds(tmp_path / "tfds", "fr-en", fake_records("fr-en"))
   config = wmt_config(tmp_path / "tfds")
   with pytest.raises(DataError, match=r"prepared as tfrecord.*--pairs=de-en") as error:
-    prepare_translation.prepare(config.data, tmp_path / "work" / "data", OPTIONS)
+    prepare_translation.prepare(from_config(config).data, tmp_path / "work" / "data", OPTIONS)
   assert "\n" not in str(error.value)
 
 

@@ -131,12 +131,12 @@ def test_padded_vocab_size():
 def test_new_keys_are_validated():
   config = conftest.make_tiny_config("")
   config.model.vocab_size = 100
-  checks.check_model(config)
+  checks.check_model(typed(ModelSettings, config.model))
   for key, value in (("loss_chunk_tokens", -1), ("vocab_multiple", -128)):  # ConfigDict keeps them ints
     bad = conftest.make_tiny_config("")
     bad.model[key] = value
     with pytest.raises(ConfigError, match=f"model.{key}"):
-      checks.check_model(bad)
+      checks.check_model(typed(ModelSettings, bad.model))
 
 
 def test_checkpoint_comparison_of_the_new_keys():

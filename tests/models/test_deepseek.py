@@ -125,7 +125,7 @@ def test_no_path_gives_the_bias_a_gradient():
   # sequence-wise balance loss) is exactly zero for it, and not for the centroids, whose affinities feed both.
   # Random parameters: at initialisation the experts add nothing (w_out 0), so no gate could have a gradient.
   config = _bias_step_config()
-  model, batch = _OneLayerModel(config.model.moe), _batch(0)
+  model, batch = _OneLayerModel(typed(MoESettings, config.model.moe)), _batch(0)
   leaves, treedef = jax.tree.flatten(nn.unbox(jit_init(model, 1, batch["x"], jnp.array(True))["params"]))
   keys = jax.random.split(jax.random.key(1), len(leaves))
   params = jax.tree.unflatten(treedef, [0.5 * jax.random.normal(k, a.shape) for k, a in zip(keys, leaves)])

@@ -45,11 +45,11 @@ def main(argv: list[str]) -> None:
   options = Options(_SHARD_MB.value, _SHARD_PAIRS.value, _CHUNK_TOKENS.value, _SAMPLE_LINES.value, _BATCH_LINES.value,
                     _WORKERS.value, _SKIP_BAD_FILES.value, _BEAM_ARGS.value)
   config, prepared_dir = _CONFIG.value, pathlib.Path(_WORKDIR.value) / 'data'
-  if task_name(config) == 'translation':
+  translation = task_name(config) == 'translation'
+  if translation:
     validate_config(config)  # Before any work: the config main will be run with (pairs, files' globs, ...).
-    report = prepare_translation.prepare(settings_lib.from_config(config).data, prepared_dir, options)
-  else:
-    report = lm_prepare.prepare(settings_lib.from_config(config).data, prepared_dir, options)
+  data = settings_lib.from_config(config).data  # the command's edge: its config typed once
+  report = (prepare_translation if translation else lm_prepare).prepare(data, prepared_dir, options)
   print(json.dumps(report))
 
 

@@ -13,6 +13,7 @@ from tests.conftest import SHARED_DATA
 from configs import mt_cpu
 from stablemoe_jax.compare import runner
 from stablemoe_jax.compare.methods import method_configs
+from stablemoe_jax.compare.comparison import Comparison
 
 MULTI30K_LINES = {"train": 2000, "val": 64}  # every test set: its first 64 lines
 BIBLE_BOOKS = ("Gen", "Exod", "Ruth", "Jonah")  # Ruth and Jonah are held out in the tiny config
@@ -99,7 +100,7 @@ def train_shared_run(root: pathlib.Path) -> pathlib.Path:
       shutil.rmtree(root)
     root.mkdir(parents=True)
     config = shared_run_config(write_small_corpora(root / "corpora"))
-    runner.run_all(config, compare_dir, log=lambda *a, **k: None)
+    runner.run_all(Comparison.of(config), compare_dir, log=lambda *a, **k: None)
   return compare_dir
 
 
@@ -109,6 +110,6 @@ def copy_shared_run(compare_dir: pathlib.Path, destination: pathlib.Path):
   Returns (the run's config, its comparison folder, its run folder, its summary)."""
   shutil.copytree(compare_dir, destination, symlinks=True)
   config = shared_run_config(compare_dir.parent / "corpora")
-  run_config = method_configs(config)["stablemoe"]
+  run_config = method_configs(Comparison.of(config))["stablemoe"]
   run = destination / "stablemoe" / "seed0"
   return run_config, destination, run, json.loads((run / "summary.json").read_text())

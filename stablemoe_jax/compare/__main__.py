@@ -15,9 +15,7 @@ from ml_collections import config_flags
 
 from stablemoe_jax import cli
 from stablemoe_jax.compare import report, runner, sweep, sweep_report
-from stablemoe_jax.core.settings import typed
-from stablemoe_jax.core.settings.compare import CompareSettings
-from stablemoe_jax.experiment.config_validation import ConfigError
+from stablemoe_jax.compare.comparison import Comparison
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config with a compare section, e.g. "
                                           "configs/compare_cpu.py.")
@@ -29,29 +27,27 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   absl_logging.set_verbosity(absl_logging.WARNING)
-  config = _CONFIG.value
-  if "compare" not in config:
-    raise ConfigError(f"the config has no compare section (compare.methods, compare.seeds); "
-                      f"use --config configs/compare_cpu.py or add one.")
-  report.pairs_of(config)  # a bad compare.pairs or compare.contrasts stops here, before any training
-  report.contrasts_of(config)
-  train = not typed(CompareSettings, config.compare, "compare").report_only
-  if sweep.parse_grid(config) is not None:  # each method at its best: a grid, the choice, seeds at the choice
-    result = sweep.run_sweep(config, _WORKDIR.value, train=train)
-    rows = sweep_report.write_sweep_reports(config, result, _WORKDIR.value)
+  comparison = Comparison.of(_CONFIG.value)
+  report.pairs_of(comparison)  # a bad compare.pairs or compare.contrasts stops here, before any training
+  report.contrasts_of(comparison)
+  train = not comparison.settings.report_only
+  workdir = _WORKDIR.value
+  if sweep.parse_grid(comparison) is not None:  # each method at its best: a grid, the choice, seeds at the choice
+    result = sweep.run_sweep(comparison, workdir, train=train)
+    rows = sweep_report.write_sweep_reports(comparison, result, workdir)
     labels = {name: name for name in result["grid"]}
     print(sweep_report.grid_table(result, labels))
     if rows:
       print(report.markdown_table(rows, sweep_report.sweep_columns(rows)))
-    print(f"wrote {_WORKDIR.value}/comparison.md and comparison.json", flush=True)
+    print(f"wrote {workdir}/comparison.md and comparison.json", flush=True)
     return
-  records = runner.run_all(config, _WORKDIR.value, train=train)
+  records = runner.run_all(comparison, workdir, train=train)
   if not records:
-    print(f"no finished run in {_WORKDIR.value} (compare.report_only trains nothing); nothing to report.", flush=True)
+    print(f"no finished run in {workdir} (compare.report_only trains nothing); nothing to report.", flush=True)
     return
-  rows = report.write_reports(config, records, _WORKDIR.value)
+  rows = report.write_reports(comparison, records, workdir)
   print(report.markdown_table(rows))
-  print(f"wrote {_WORKDIR.value}/comparison.md, comparison.json and convergence.png", flush=True)
+  print(f"wrote {workdir}/comparison.md, comparison.json and convergence.png", flush=True)
 
 
 def run() -> None:

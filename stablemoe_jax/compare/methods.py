@@ -12,8 +12,7 @@ from typing import Any
 
 import ml_collections
 
-from stablemoe_jax.core.settings import typed
-from stablemoe_jax.core.settings.compare import CompareSettings
+from stablemoe_jax.compare.comparison import Comparison
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 
 
@@ -125,9 +124,9 @@ def apply_overrides(config: ml_collections.ConfigDict, method: Method) -> ml_col
   return config
 
 
-def method_configs(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
-  """{name: config} for every method in ``config.compare.methods``, all validated before any training."""
-  compare = typed(CompareSettings, config.compare, "compare")
+def method_configs(comparison: Comparison) -> dict[str, ml_collections.ConfigDict]:
+  """{name: config} for every method in ``compare.methods``, all validated before any training."""
+  config, compare = comparison.config, comparison.settings
   configs = {}
   for name in parse_method_names(compare.methods):
     method_config = apply_overrides(config, METHODS[name])

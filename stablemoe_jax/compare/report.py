@@ -10,10 +10,9 @@ from typing import Callable
 import numpy as np
 
 from stablemoe_jax.compare import paired
+from stablemoe_jax.compare.comparison import Comparison
 from stablemoe_jax.compare.facts_cells import facts_cells, facts_columns
 from stablemoe_jax.compare.figures import device_counts, write_convergence_plot, write_fluctuation_plot
-from stablemoe_jax.core.settings import typed
-from stablemoe_jax.core.settings.compare import CompareSettings
 from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.train import health as health_lib
 
@@ -304,9 +303,8 @@ def markdown_table(rows: list[dict], columns=None) -> str:
   return "\n".join(lines) + "\n"
 
 
-def budget_note(config, rows: list[dict]) -> str:
-  train = config.train
-  seeds = typed(CompareSettings, config.compare, "compare").seeds
+def budget_note(comparison: Comparison, rows: list[dict]) -> str:
+  train, seeds = comparison.config.train, comparison.settings.seeds
   eval_mode = rows[0]["eval"] or {}
   if eval_mode.get("mode") == "teacher_forced_sentences":
     return (f"Every method: {train.steps} steps of {train.batch_size} sentence pairs of up to {train.seq_len} tokens "
@@ -399,30 +397,23 @@ def contrasts_section(records: list[dict], contrasts: list[tuple[str, str]], lab
           "excludes 0.\n\n" + table)
 
 
-def paired_sections(config, rows: list[dict], records: list[dict], labels: dict[str, str]) -> str:
+def paired_sections(comparison: Comparison, rows: list[dict], records: list[dict], labels: dict[str, str]) -> str:
   """The paired section and the per-set section, from one pairing of the runs (``compare.pairs``, or dense), then
   the contrasts (``compare.contrasts``)."""
-  pairs = pairs_of(config)
+  pairs = pairs_of(comparison)
   differences = paired.paired_differences(records, pairs=pairs)
   return (paired_section(differences, labels, pairs) + sets_section(rows, differences, pairs)
-          + contrasts_section(records, contrasts_of(config), labels))
+          + contrasts_section(records, contrasts_of(comparison), labels))
 
 
-def _settings_and_methods(config) -> tuple[CompareSettings, list[str]]:
-  compare = typed(CompareSettings, config.compare, "compare")
-  return compare, [m.strip() for m in compare.methods.split(",") if m.strip()]
-
-
-def pairs_of(config) -> dict[str, str] | None:
+def pairs_of(comparison: Comparison) -> dict[str, str] | None:
   """``compare.pairs`` as {ablation: baseline} (None: pair every method with dense); a bad value is a ConfigError."""
-  compare, methods = _settings_and_methods(config)
-  return paired.parse_pairs(compare.pairs, methods) or None
+  return paired.parse_pairs(comparison.settings.pairs, comparison.method_names) or None
 
 
-def contrasts_of(config) -> list[tuple[str, str]]:
+def contrasts_of(comparison: Comparison) -> list[tuple[str, str]]:
   """``compare.contrasts`` as [(A, B), ...]; a bad value is a ConfigError."""
-  compare, methods = _settings_and_methods(config)
-  return paired.parse_contrasts(compare.contrasts, methods)
+  return paired.parse_contrasts(comparison.settings.contrasts, comparison.method_names)
 
 
 def runs_json(records: list[dict]) -> list[dict]:
@@ -430,16 +421,17 @@ def runs_json(records: list[dict]) -> list[dict]:
   return [{**record, "summary": record["summary"].to_json()} for record in records]
 
 
-def write_reports(config, records: list[dict], workdir: pathlib.Path) -> list[dict]:
+def write_reports(comparison: Comparison, records: list[dict], workdir: pathlib.Path) -> list[dict]:
   """Writes DIR/comparison.json, DIR/comparison.md, DIR/convergence.png and DIR/fluctuation.png (when runs
   recorded their routing); returns the method rows."""
   workdir = pathlib.Path(workdir)
   rows = method_rows(records)
   (workdir / "comparison.json").write_text(json.dumps(
-      {"config": json.loads(config.to_json_best_effort()), "methods": rows, "runs": runs_json(records)}, indent=2))
+      {"config": json.loads(comparison.config.to_json_best_effort()), "methods": rows, "runs": runs_json(records)},
+      indent=2))
   (workdir / "comparison.md").write_text(
-      "# Comparison\n\n" + budget_note(config, rows) + devices_note(rows) + "\n" + markdown_table(rows) + "\n"
-      + health_note(rows) + paired_sections(config, rows, records, {r["method"]: r["label"] for r in rows})
+      "# Comparison\n\n" + budget_note(comparison, rows) + devices_note(rows) + "\n" + markdown_table(rows) + "\n"
+      + health_note(rows) + paired_sections(comparison, rows, records, {r["method"]: r["label"] for r in rows})
       + write_convergence_plot(rows, workdir / "convergence.png")
       + write_fluctuation_plot(rows, workdir / "fluctuation.png"))
   return rows

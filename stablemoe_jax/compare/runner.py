@@ -13,10 +13,9 @@ import ml_collections
 import numpy as np
 
 from stablemoe_jax.analysis import fluctuation, records as records_lib
+from stablemoe_jax.compare.comparison import Comparison
 from stablemoe_jax.compare.methods import METHODS, method_configs
 from stablemoe_jax.core.errors import NonFiniteLossError
-from stablemoe_jax.core.settings import typed
-from stablemoe_jax.core.settings.compare import CompareSettings
 from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.models import flops as flops_lib
@@ -128,10 +127,10 @@ def routing_fluctuation(directory: pathlib.Path) -> dict | None:
 RESULT_FILES = ("summary.json", "metrics.jsonl", "fluctuation.json")
 
 
-def results_dir(config: ml_collections.ConfigDict) -> pathlib.Path | None:
+def results_dir(comparison: Comparison) -> pathlib.Path | None:
   """``compare.results_dir`` as a path (None if unset): finished runs' small files are copied there, and a run
   whose summary.json is there is not redone (commit that folder to carry a sweep across machines)."""
-  path = typed(CompareSettings, config.compare, "compare").results_dir
+  path = comparison.settings.results_dir
   return pathlib.Path(path) if path else None
 
 
@@ -294,7 +293,7 @@ def log_result(log, tag: str, status: str, summary: RunSummary) -> None:
       flush=True)
 
 
-def run_all(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=print,
+def run_all(comparison: Comparison, workdir: str | pathlib.Path, log=print,
             train: bool = True) -> list[dict]:
   """Trains (or finds finished) every method x seed; returns one record per run, in order (with ``train`` false,
   only the finished runs: ``compare.report_only``).
@@ -304,10 +303,10 @@ def run_all(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=
   an interrupted one resumes from its last checkpoint.
   """
   workdir = pathlib.Path(workdir)
-  configs = method_configs(config)
-  seeds = typed(CompareSettings, config.compare, "compare").seeds
+  configs, config = method_configs(comparison), comparison.config
+  seeds = comparison.settings.seeds
   total = len(configs) * seeds
-  exported_root = results_dir(config)
+  exported_root = results_dir(comparison)
   records = []
   for m, (name, method_config) in enumerate(configs.items()):
     costs = None

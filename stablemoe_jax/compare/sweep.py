@@ -37,9 +37,8 @@ import pathlib
 import ml_collections
 
 from stablemoe_jax.compare import runner
+from stablemoe_jax.compare.comparison import Comparison
 from stablemoe_jax.compare.methods import method_configs
-from stablemoe_jax.core.settings import typed
-from stablemoe_jax.core.settings.compare import CompareSettings
 from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.train import health as health_lib
@@ -135,9 +134,9 @@ def _per_method(text, shared: list[Setting], methods: list[str]) -> list[tuple[s
   return result
 
 
-def parse_grid(config: ml_collections.ConfigDict) -> Grid | None:
+def parse_grid(comparison: Comparison) -> Grid | None:
   """The grid of ``compare.grid`` (None when nothing is set: the plain comparison)."""
-  compare = typed(CompareSettings, config.compare, "compare")
+  config, compare = comparison.config, comparison.settings
   section = compare.grid
   rates = _values(section.learning_rate, float, "learning_rate")
   warmups = _values(section.warmup_steps, int, "warmup_steps")
@@ -219,7 +218,7 @@ def choose(cells: list[dict], rejected: tuple[str, ...] = (), diverged: tuple[st
   return {**best["setting"], "every_setting_dead": not alive}
 
 
-def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, log=print,
+def run_sweep(comparison: Comparison, workdir: str | pathlib.Path, log=print,
               train: bool = True) -> dict:
   """Runs (or, with ``train`` false, only collects) every method's grid and its seeds at the choice.
 
@@ -230,11 +229,11 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
   None while unfinished). The choice reads ``valid_ppl`` only.
   """
   workdir = pathlib.Path(workdir)
-  grid = parse_grid(config)
+  config, grid = comparison.config, parse_grid(comparison)
   if grid is None:
     raise ConfigError("the sweep needs compare.grid.learning_rate and/or compare.grid.warmup_steps.")
-  configs = method_configs(config)
-  seeds = typed(CompareSettings, config.compare, "compare").seeds
+  configs = method_configs(comparison)
+  seeds = comparison.settings.seeds
   full = config.train.steps
   plans = {}
   for name, method_config in configs.items():  # every run's config checked before the first run starts
@@ -244,7 +243,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
         setting_config(method_config, s, full, config.seed)
     except ConfigError as error:
       raise ConfigError(f"method {name!r}: {error}") from error
-  exported_root = runner.results_dir(config)
+  exported_root = runner.results_dir(comparison)
   total = sum((0 if grid.is_fixed(name) else len(grid.for_method(name))) + seeds for name in configs)
   progress = {"done": 0, "total": total}  # run counter of the log's "[k/n]" tags (a rejected choice adds seeds)
   result = {"grid": {}, "choices": {}, "records": [], "selection_steps": grid.steps,
@@ -256,7 +255,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
                                "alive": None, "dead_layers": [], "status": "the method's one setting: not selected"}
                               for s in grid.columns]
       result["choices"][name] = {**own[0].as_dict(), "every_setting_dead": False, "fixed": True, "rejected": []}
-      result["records"] += _seeded_runs(name, method_config, own[0], config, workdir, log, progress, exported_root,
+      result["records"] += _seeded_runs(name, method_config, own[0], comparison, workdir, log, progress, exported_root,
                                         train, stop_at_dead=False)[0]
       continue
     cells = []
@@ -302,7 +301,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, lo
       log(f"{name}: chose {chosen.name} (valid ppl "
           f"{next(c['valid_ppl'] for c in cells if c['setting']['name'] == chosen.name):.2f}"
           f"{', every setting dead' if choice['every_setting_dead'] else ''})", flush=True)
-      records, diverged = _seeded_runs(name, method_config, chosen, config, workdir, log, progress,
+      records, diverged = _seeded_runs(name, method_config, chosen, comparison, workdir, log, progress,
                                        exported_root, train, stop_at_dead=not choice["every_setting_dead"])
       dead_seeds = [r["seed"] for r in records if not is_alive(r["summary"])]
       if (dead_seeds or diverged) and not choice["every_setting_dead"]:
@@ -323,16 +322,17 @@ def _count(progress: dict) -> str:
   return f"[{progress['done']}/{progress['total']}]"
 
 
-def _seeded_runs(name: str, method_config, chosen: Setting, config, workdir, log,
+def _seeded_runs(name: str, method_config, chosen: Setting, comparison: Comparison, workdir, log,
                  progress: dict, exported_root, train: bool, stop_at_dead: bool) -> tuple[list[dict], dict]:
   """The finished reported runs at ``chosen`` (seeds ``config.seed + 1`` ... ``+ compare.seeds``; trained here
   unless finished, ``train`` false or locked), in seed order, each a record for the report with its "setting";
   and {seed: step} of the one that diverged. With ``stop_at_dead``, stops at the first run whose layer the verdict
   finds dead or that diverged (the choice will be rejected, its other seeds are not needed); without it (no other
   choice is left), a diverged seed stops the sweep (RunDiverged)."""
+  config = comparison.config
   full = config.train.steps
   costs, records = None, []
-  for k in range(1, config.compare.seeds + 1):
+  for k in range(1, comparison.settings.seeds + 1):
     run_config = setting_config(method_config, chosen, full, config.seed + k)
     relative = f"{name}/{chosen.name}/seed{k}"
     tag = f"{_count(progress)} {name} {chosen.name} seed {k}"

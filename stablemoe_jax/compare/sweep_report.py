@@ -7,11 +7,10 @@ import json
 import pathlib
 from typing import Callable
 
+from stablemoe_jax.compare.comparison import Comparison
 from stablemoe_jax.compare.figures import write_convergence_plot, write_fluctuation_plot, write_token_plot
 from stablemoe_jax.compare.report import (budget_note, devices_note, health_note, markdown_table, method_rows,
                                           paired_sections, runs_json, table_columns)
-from stablemoe_jax.core.settings import typed
-from stablemoe_jax.core.settings.compare import CompareSettings
 
 
 def _grid_cell(cell: dict, rejected: dict[str, str]) -> str:
@@ -131,11 +130,11 @@ def missing_note(rows: list[dict], expected: list[int], labels: dict[str, str]) 
           "trained yet (run the sweep again, without `report_only`, to train them):\n\n" + "\n".join(lines) + "\n")
 
 
-def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dict]:
+def write_sweep_reports(comparison: Comparison, result: dict, workdir: pathlib.Path) -> list[dict]:
   """DIR/comparison.{json,md} (and convergence.png, fluctuation.png once a method has seeded runs) for a tuned
   comparison."""
   from stablemoe_jax.compare.methods import METHODS  # pylint: disable=import-outside-toplevel
-  workdir = pathlib.Path(workdir)
+  config, workdir = comparison.config, pathlib.Path(workdir)
   rows = method_rows(result["records"]) if result["records"] else []
   for row in rows:
     row["setting"] = result["records"][[r["method"] for r in result["records"]].index(row["method"])]["setting"]
@@ -144,8 +143,7 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
       {"config": json.loads(config.to_json_best_effort()), "selection_steps": result["selection_steps"],
        "settings": result["settings"], "grid": result["grid"], "choices": result["choices"], "methods": rows,
        "runs": runs_json(result["records"])}, indent=2))
-  train = config.train
-  seeds = typed(CompareSettings, config.compare, "compare").seeds
+  train, seeds = config.train, comparison.settings.seeds
   selection = result["selection_steps"]
   text = ["# Tuned comparison\n",
           f"Each method's learning rate and warmup chosen on validation perplexity from the grid below (one run "
@@ -159,10 +157,10 @@ def write_sweep_reports(config, result: dict, workdir: pathlib.Path) -> list[dic
           grid_table(result, labels), rejected_note(result, labels)]
   if rows:
     expected = list(range(config.seed + 1, config.seed + seeds + 1))
-    text += ["## At each method's choice\n", budget_note(config, rows), devices_note(rows),
+    text += ["## At each method's choice\n", budget_note(comparison, rows), devices_note(rows),
              markdown_table(rows, sweep_columns(rows, expected)),
              *[note for note in [missing_note(rows, expected, labels)] if note], health_note(rows),
-             paired_sections(config, rows, result["records"], labels),
+             paired_sections(comparison, rows, result["records"], labels),
              write_token_plot(rows, workdir / "validation_tokens.png"),
              write_convergence_plot(rows, workdir / "convergence.png"),
              write_fluctuation_plot(rows, workdir / "fluctuation.png")]

@@ -8,6 +8,7 @@ is also compiled and XLA's own temporary-memory figure is reported beside it.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
 from typing import Any
@@ -19,6 +20,7 @@ import ml_collections
 from jax.sharding import AbstractMesh
 
 from stablemoe_jax.core import settings as settings_lib
+from stablemoe_jax.core.settings import RunSettings
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.experiment.step import make_train_step
 from stablemoe_jax.models import routers
@@ -43,19 +45,18 @@ def _resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
-def _abstract_init(config: ml_collections.ConfigDict):
-  """(model, optimizer, the state's init function with logical axes) of ``config``'s task."""
-  settings = settings_lib.from_config(config)
-  task = make_task(settings)
-  model, tx = task.build_model(settings.model), make_optimizer(settings.train)
-  init = state_lib._boxed_init(model, tx, 0, config.train.seq_len, task.sample_inputs(settings))  # pylint: disable=protected-access
+def _abstract_init(run: RunSettings):
+  """(task, model, optimizer, the state's init function with logical axes) of the run."""
+  task = make_task(run)
+  model, tx = task.build_model(run.model), make_optimizer(run.train)
+  init = state_lib._boxed_init(model, tx, 0, run.train.seq_len, task.sample_inputs(run))  # pylint: disable=protected-access
   return task, model, tx, init
 
 
-def num_moe_layers(config: ml_collections.ConfigDict) -> int:
+def num_moe_layers(run: RunSettings) -> int:
   """MoE layers of the model: the placement's positions, in each of the encoder and decoder for translation."""
-  stacks = 2 if task_name(config) == "translation" else 1
-  return stacks * len(moe_positions(config.model.num_layers, config.model.moe.placement))
+  stacks = 2 if run.task == "translation" else 1
+  return stacks * len(moe_positions(run.model.num_layers, run.model.moe.placement))
 
 
 def _per_device_bytes(shardings: Any, shapes: Any) -> int:
@@ -67,10 +68,10 @@ def _per_device_bytes(shardings: Any, shapes: Any) -> int:
   return int(sum(jax.tree.leaves(jax.tree.map(one, shardings, shapes))))
 
 
-def state_bytes_per_device(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
+def state_bytes_per_device(run: RunSettings, num_devices: int) -> dict[str, int]:
   """Exact per-device bytes of parameters and optimizer state on a ``(data, expert)`` mesh of ``num_devices``."""
-  mesh = AbstractMesh((num_devices // config.mesh.expert, config.mesh.expert), sharding_lib.MESH_AXES)
-  _, _, _, init = _abstract_init(config)
+  mesh = AbstractMesh((num_devices // run.mesh.expert, run.mesh.expert), sharding_lib.MESH_AXES)
+  _, _, _, init = _abstract_init(run)
   boxed = jax.eval_shape(init)
   shardings = sharding_lib.state_shardings(boxed, mesh)
   shapes = nn.unbox(boxed)
@@ -79,7 +80,7 @@ def state_bytes_per_device(config: ml_collections.ConfigDict, num_devices: int) 
           "params_total": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes.params)))}
 
 
-def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: int, microbatches: int) -> int:
+def activation_bytes_per_device(run: RunSettings, num_devices: int, microbatches: int) -> int:
   """Estimate of the activations one device keeps for the backward pass of one microbatch.
 
   Per token: each block keeps about ``10 d + 2 d_ff`` values (LayerNorm inputs and outputs, q/k/v,
@@ -90,17 +91,16 @@ def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
   the encoder's blocks over the source and the decoder's over the target, each decoder block with a cross-attention
   (``4 d`` more and ``H * S`` more probabilities a token); its MoE layers split between the two.
   """
-  run = settings_lib.from_config(config)
   model, train = run.model, run.train
   itemsize = jnp.dtype(model.dtype).itemsize
   tokens = train.batch_size // microbatches * train.seq_len / num_devices  # a stream's (source or target) tokens
   block = (10 * model.d_model + 2 * model.d_ff) * itemsize + model.num_heads * train.seq_len * 4
   per_token = model.num_layers * block
-  if task_name(config) == "translation":  # + the encoder over as many source tokens, + cross-attention
+  if run.task == "translation":  # + the encoder over as many source tokens, + cross-attention
     per_token += model.num_layers * (block + 4 * model.d_model * itemsize + model.num_heads * train.seq_len * 4)
   if has_moe_layers(model):
     moe = model.moe
-    layers = num_moe_layers(config)
+    layers = num_moe_layers(run)
     sublayers = max(1, moe.sublayers_per_expert // layers)
     top_k, shared = routers.top_k(moe), moe.shared_experts
     slots = max(moe.capacity_factor, 1.0) * top_k
@@ -114,12 +114,11 @@ def activation_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
   return int(tokens * per_token)
 
 
-def all_to_all_bytes_per_device(config: ml_collections.ConfigDict, num_devices: int) -> int:
+def all_to_all_bytes_per_device(run: RunSettings, num_devices: int) -> int:
   """Bytes one device sends through all-to-alls in one train step (forward and backward, every MoE layer).
 
   The capacity buffers travel: ``ceil(cf * k * T / G / N)`` slots per (group, expert), capacity counting choices;
   shared experts, replicated on every device, send nothing."""
-  run = settings_lib.from_config(config)
   model, train, expert_devices = run.model, run.train, run.mesh.expert
   if not has_moe_layers(model) or expert_devices == 1:
     return 0
@@ -128,24 +127,24 @@ def all_to_all_bytes_per_device(config: ml_collections.ConfigDict, num_devices: 
   capacity_slots = moe.num_experts * math.ceil(
       moe.capacity_factor * routers.top_k(moe) * tokens / moe.num_groups / moe.num_experts)
   buffer = capacity_slots * moe.num_groups / num_devices * model.d_model * jnp.dtype(model.dtype).itemsize
-  layers = num_moe_layers(config)  # translation: each layer routes one stream (source or target) of the batch
+  layers = num_moe_layers(run)  # translation: each layer routes one stream (source or target) of the batch
   # Dispatch and return in the forward, their transposes in the backward; the local share stays put.
   return int(4 * layers * buffer * (expert_devices - 1) / expert_devices)
 
 
-def compiled_temp_bytes(config: ml_collections.ConfigDict, num_devices: int) -> int | None:
+def compiled_temp_bytes(run: RunSettings, num_devices: int) -> int | None:
   """XLA's temporary memory per device for the compiled train step, or None without ``num_devices`` devices."""
   if jax.device_count() < num_devices:
     return None
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:num_devices])
-  task, model, tx, init = _abstract_init(config)
+  mesh = mesh_lib.make_mesh(run.mesh, jax.devices()[:num_devices])
+  task, model, tx, init = _abstract_init(run)
   state_shardings = sharding_lib.state_shardings(jax.eval_shape(init), mesh)
   batch_sharding = sharding_lib.batch_sharding(mesh)
-  step = jax.jit(make_train_step(model, tx, settings_lib.from_config(config), task), donate_argnums=0,
+  step = jax.jit(make_train_step(model, tx, run, task), donate_argnums=0,
                  in_shardings=(state_shardings, batch_sharding),
                  out_shardings=(state_shardings, sharding_lib.replicated(mesh)))
   shapes = jax.eval_shape(lambda: nn.unbox(init()))
-  batch = task.batch_shapes(config.train.batch_size, config.train.seq_len)
+  batch = task.batch_shapes(run.train.batch_size, run.train.seq_len)
   with jax.set_mesh(mesh):
     compiled = step.lower(shapes, batch).compile()
   return int(compiled.memory_analysis().temp_size_in_bytes)
@@ -155,35 +154,37 @@ def plan(config: ml_collections.ConfigDict, num_devices: int, memory_gib: float,
   """The plan of ``config`` on ``num_devices`` accelerators of ``memory_gib`` GiB each (see the module doc)."""
   config = mesh_lib.resolve_layout(_resolved(config), num_devices)  # num_groups 0: one group per planned device
   validate_config(config, device_count=num_devices)  # every check a launch on num_devices devices makes
-  state = state_bytes_per_device(config, num_devices)
+  run = settings_lib.from_config(config)  # typed once, after the layout and the vocabulary are resolved
+  state = state_bytes_per_device(run, num_devices)
   grads = state["params"]  # float32, laid out as the parameters
-  rows_per_device = config.train.batch_size // num_devices
+  train = run.train
+  rows_per_device = train.batch_size // num_devices
   options = []
-  for microbatches in range(1, config.train.batch_size + 1):
-    if config.train.batch_size % microbatches or (config.train.batch_size // microbatches) % num_devices:
+  for microbatches in range(1, train.batch_size + 1):
+    if train.batch_size % microbatches or (train.batch_size // microbatches) % num_devices:
       continue
-    activations = activation_bytes_per_device(config, num_devices, microbatches)
+    activations = activation_bytes_per_device(run, num_devices, microbatches)
     total = state["params"] + state["opt_state"] + grads + activations
     options.append({"microbatches": microbatches, "activations_gib": activations / GIB, "total_gib": total / GIB,
                     "fits": total <= memory_gib * GIB})
-  chosen = next((o for o in options if o["microbatches"] == config.train.microbatches and o["fits"]), None)
+  chosen = next((o for o in options if o["microbatches"] == train.microbatches and o["fits"]), None)
   smallest = next((o for o in options if o["fits"]), None)
   result = {
-      "devices": num_devices, "mesh": {"data": num_devices // config.mesh.expert, "expert": config.mesh.expert},
-      "num_groups": config.model.moe.num_groups,
-      "vocab_size": config.model.vocab_size, "rows_per_device": rows_per_device,
+      "devices": num_devices, "mesh": {"data": num_devices // run.mesh.expert, "expert": run.mesh.expert},
+      "num_groups": run.model.moe.num_groups,
+      "vocab_size": run.model.vocab_size, "rows_per_device": rows_per_device,
       "params_total_gib": state["params_total"] / GIB,
       "params_gib_per_device": state["params"] / GIB, "opt_state_gib_per_device": state["opt_state"] / GIB,
       "grads_gib_per_device": grads / GIB,
-      "config_microbatches": config.train.microbatches,
-      "activations_gib_per_device": activation_bytes_per_device(config, num_devices, config.train.microbatches) / GIB,
-      "all_to_all_gib_per_step_per_device": all_to_all_bytes_per_device(config, num_devices) / GIB,
+      "config_microbatches": train.microbatches,
+      "activations_gib_per_device": activation_bytes_per_device(run, num_devices, train.microbatches) / GIB,
+      "all_to_all_gib_per_step_per_device": all_to_all_bytes_per_device(run, num_devices) / GIB,
       "memory_gib": memory_gib,
       "fits_with_config_microbatches": chosen is not None,
       "smallest_microbatches_that_fit": smallest["microbatches"] if smallest else None,
   }
   if compile_step:
-    temp = compiled_temp_bytes(config, num_devices)
+    temp = compiled_temp_bytes(run, num_devices)
     result["compiled_temp_gib_per_device"] = None if temp is None else temp / GIB
   if smallest is None:
     result["advice"] = ("does not fit even one row per device at a time: raise mesh.expert, use more devices, "
@@ -214,12 +215,12 @@ def check_host_memory(config: ml_collections.ConfigDict, device_count: int, loca
   """
   if not available:
     return
-  config = ml_collections.ConfigDict(config.to_dict())
-  if not config.model.vocab_size:
-    data = settings_lib.from_config(config).data
-    known = task_name(config) == "translation" or data.tokenizer == "sentencepiece"
-    config.model.vocab_size = int(data.sentencepiece_vocab_size) if known else 1
-  state = state_bytes_per_device(config, device_count)
+  run = settings_lib.from_config(config)
+  if not run.model.vocab_size:
+    known = run.task == "translation" or run.data.tokenizer == "sentencepiece"
+    vocab_size = int(run.data.sentencepiece_vocab_size) if known else 1
+    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=vocab_size))
+  state = state_bytes_per_device(run, device_count)
   per_device = 2 * state["params"] + state["opt_state"]  # the gradients are laid out as the parameters
   need = local_devices * per_device
   if need > available:

@@ -14,6 +14,7 @@ from configs import default
 from stablemoe_jax.compare import paired, runner, sweep
 from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.experiment.config_validation import ConfigError
+from stablemoe_jax.compare.comparison import Comparison
 
 T_975_2 = 4.302652729749464  # Student t, 2 degrees of freedom, 0.975 quantile (any t table: 4.303)
 T_975_1 = 12.706204736174698  # Student t, 1 degree of freedom, 0.975 quantile (any t table: 12.706)
@@ -188,40 +189,40 @@ def _grid_config(**grid):
 @pytest.mark.parametrize("steps, budget", [(0, 850), (850, 850), (1, 1)])
 def test_the_selection_budget_at_its_bounds(steps, budget):
   config = _grid_config(steps=steps, warmup_steps="0")
-  assert sweep.parse_grid(config).steps == budget
+  assert sweep.parse_grid(Comparison.of(config)).steps == budget
 
 
 @pytest.mark.parametrize("steps", [851, -1])
 def test_a_selection_budget_outside_the_run_is_refused(steps):
   with pytest.raises(ConfigError, match=f"compare.grid.steps={steps} must lie in"):
-    sweep.parse_grid(_grid_config(steps=steps, warmup_steps="0"))
+    sweep.parse_grid(Comparison.of(_grid_config(steps=steps, warmup_steps="0")))
 
 
 @pytest.mark.parametrize("warmup, ok", [("599", True), ("600", False), ("0", True)])
 def test_a_grid_warmup_must_end_inside_the_selection_budget(warmup, ok):
   config = _grid_config(steps=600, warmup_steps=warmup)
   if ok:
-    assert sweep.parse_grid(config).settings[0].warmup_steps == int(warmup)
+    assert sweep.parse_grid(Comparison.of(config)).settings[0].warmup_steps == int(warmup)
   else:
     with pytest.raises(ConfigError, match=f"warmup_steps: {warmup} must lie in \\[0, 600\\)"):
-      sweep.parse_grid(config)
+      sweep.parse_grid(Comparison.of(config))
 
 
 def test_one_grid_list_alone_varies_around_the_configs_other_value():
   config = _grid_config(learning_rate="", warmup_steps="10,20")
-  assert [(s.learning_rate, s.warmup_steps) for s in sweep.parse_grid(config).settings] == [
+  assert [(s.learning_rate, s.warmup_steps) for s in sweep.parse_grid(Comparison.of(config)).settings] == [
       (config.train.learning_rate, 10), (config.train.learning_rate, 20)]
 
 
 def test_per_method_replaces_or_extends_the_shared_grid():
   config = _grid_config(learning_rate="1e-3,2e-3", warmup_steps="10", per_method="dense=4e-3/10;stablemoe=+4e-3/20")
-  grid = sweep.parse_grid(config)
+  grid = sweep.parse_grid(Comparison.of(config))
   assert [s.name for s in grid.for_method("dense")] == ["lr0.004_warmup10"] and grid.is_fixed("dense")
   assert [s.name for s in grid.for_method("stablemoe")] == ["lr0.001_warmup10", "lr0.002_warmup10",
                                                             "lr0.004_warmup20"]
   assert not grid.is_fixed("stablemoe")
   with pytest.raises(ConfigError, match="is not in compare.methods"):
-    sweep.parse_grid(_grid_config(per_method="switch=4e-3/10"))
+    sweep.parse_grid(Comparison.of(_grid_config(per_method="switch=4e-3/10")))
 
 
 # --- the choice --------------------------------------------------------------------------------------------------------

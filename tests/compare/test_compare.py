@@ -14,6 +14,7 @@ from stablemoe_jax.compare import methods as methods_lib
 from stablemoe_jax.experiment import loop
 from stablemoe_jax.core.summary import RunSummary
 from stablemoe_jax.experiment.config_validation import ConfigError
+from stablemoe_jax.compare.comparison import Comparison
 
 
 def _compare_config(tiny_config, method_names: str, seeds: int = 1):
@@ -37,7 +38,7 @@ def test_every_method_is_checked_before_any_training(tiny_config, tmp_path, monk
            "dense,dense": "names a method twice"}
   for names, message in cases.items():
     with pytest.raises(ConfigError, match=message):
-      runner.run_all(_compare_config(tiny_config, names), tmp_path)
+      runner.run_all(Comparison.of(_compare_config(tiny_config, names)), tmp_path)
   assert not any(tmp_path.iterdir())  # nothing was built, not even the first (valid) method's run
 
 
@@ -160,8 +161,8 @@ def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, pre
   assert loop.train_and_evaluate(dense_config, runner.run_dir(tmp_path, "dense", 1), stop_at_step=6)
 
   lines = []
-  records = runner.run_all(config, tmp_path, log=lambda line, **_: lines.append(line))
-  rows = report.write_reports(config, records, tmp_path)
+  records = runner.run_all(Comparison.of(config), tmp_path, log=lambda line, **_: lines.append(line))
+  rows = report.write_reports(Comparison.of(config), records, tmp_path)
   assert [(r["method"], r["seed"]) for r in records] == [("stablemoe", 0), ("stablemoe", 1), ("dense", 0), ("dense", 1)]
   assert sum("training in" in line for line in lines) == 4 and len(lines) == 8
   killed = records[3]
@@ -201,6 +202,6 @@ def test_comparison_trains_each_method_once_resumes_and_reports(tiny_config, pre
 
   # Run again: nothing is retrained and the results are the same.
   lines.clear()
-  again = runner.run_all(config, tmp_path, log=lambda line, **_: lines.append(line))
+  again = runner.run_all(Comparison.of(config), tmp_path, log=lambda line, **_: lines.append(line))
   assert all("finished earlier" in line for line in lines) and len(lines) == 4
   assert [r["summary"] for r in again] == [r["summary"] for r in records]

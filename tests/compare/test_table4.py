@@ -15,6 +15,7 @@ from tests.compare.doc_tables import (check_report_is_committed_runs, check_rows
 from tests.conftest import REPO
 
 from stablemoe_jax.compare import paired, report as report_lib
+from stablemoe_jax.compare.comparison import Comparison
 
 REPORT = REPO / "results" / "tune_mt_cpu" / "comparison.json"
 HEADER = "| method (Table 4 at laptop scale, 1,000 steps) | chosen lr (seed 0) |"  # docs/results.md
@@ -91,7 +92,7 @@ def test_contrasts_table_is_every_contrast_with_runs():
   """README's router-against-router table has one row per ``compare.contrasts`` of configs/tune_mt_cpu.py whose two
   methods have reported seeds, in order, each recomputed from the committed runs: A minus B seed by seed."""
   report = json.loads(REPORT.read_text())
-  contrasts = report_lib.contrasts_of(importlib.import_module("configs.tune_mt_cpu").get_config())
+  contrasts = report_lib.contrasts_of(Comparison.of(importlib.import_module("configs.tune_mt_cpu").get_config()))
   expected = {f"{SHORT_LABELS[method]} - {SHORT_LABELS[entry['baseline']]}":
               [interval_cell(entry["train_loss"], 3), interval_cell(entry["valid_nll"], 3),
                interval_cell(entry["bleu"], 2)]

@@ -10,6 +10,7 @@ from tests.mt_fixtures import copy_shared_run, shared_run_config
 
 from stablemoe_jax.compare import report, runner, sweep_report
 from stablemoe_jax.core.summary import RunSummary
+from stablemoe_jax.compare.comparison import Comparison
 
 PAIRS = ("de-en", "fr-en", "cs-en", "es-en")
 
@@ -75,8 +76,8 @@ def test_translation_comparison_end_to_end(mt_shared_run, tmp_path):
   _, workdir, _, _ = copy_shared_run(mt_shared_run, tmp_path / "compare")
   config = shared_run_config(mt_shared_run.parent / "corpora")
   config.compare = ml_collections.ConfigDict({"methods": "stablemoe,dense", "seeds": 1})
-  records = runner.run_all(config, workdir)
-  rows = report.write_reports(config, records, workdir)
+  records = runner.run_all(Comparison.of(config), workdir)
+  rows = report.write_reports(Comparison.of(config), records, workdir)
   table = (workdir / "comparison.md").read_text()
   headers = _headers(table.split("\n\n")[2])
   assert headers[3:9] == ["valid loss", "de→en BLEU", "fr→en BLEU", "cs→en BLEU", "es→en BLEU", "average BLEU"]

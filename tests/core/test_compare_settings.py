@@ -11,6 +11,7 @@ import pytest
 
 from configs import compare_cpu
 from stablemoe_jax.compare import report, sweep
+from stablemoe_jax.compare.comparison import Comparison
 from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.core.settings import typed
 from stablemoe_jax.core.settings.compare import CompareSettings, GridSettings
@@ -52,8 +53,9 @@ def test_a_missing_key_reads_as_its_absent_value():
   assert compare.grid == GridSettings() == typed(GridSettings, None, "compare.grid")
   assert typed(CompareSettings, compare, "compare") is compare
   config = importlib.import_module("configs.compare_mt_cpu").get_config()
-  assert "grid" not in config.compare and sweep.parse_grid(config) is None and report.pairs_of(config) is None
-  assert report.contrasts_of(config) == []
+  comparison = Comparison.of(config)
+  assert "grid" not in config.compare and sweep.parse_grid(comparison) is None and report.pairs_of(comparison) is None
+  assert report.contrasts_of(comparison) == []
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -73,8 +75,8 @@ def test_a_typo_key_or_a_wrong_type_is_one_clear_error(key, value, message):
     section = section[parent]
   section[leaf] = value
   config = ml_collections.ConfigDict(tree)
-  for read in (lambda: typed(CompareSettings, config.compare, "compare"), lambda: sweep.parse_grid(config),
-               lambda: report.pairs_of(config), lambda: report.contrasts_of(config)):
+  # The comparison command types its section once (Comparison.of), before any run or report reads it.
+  for read in (lambda: typed(CompareSettings, config.compare, "compare"), lambda: Comparison.of(config)):
     with pytest.raises(ConfigError) as error:
       read()
     assert str(error.value).startswith(message), str(error.value)

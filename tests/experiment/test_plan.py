@@ -12,7 +12,7 @@ from tests.conftest import MAIN, REPO, make_tiny_config
 from stablemoe_jax.experiment import plan
 from stablemoe_jax.models import flops
 from stablemoe_jax.models.transformer import TransformerLM
-from stablemoe_jax.core.settings import ModelSettings, typed
+from stablemoe_jax.core.settings import ModelSettings, from_config, typed
 
 
 def _config(ptb_dir, expert=1):
@@ -29,7 +29,7 @@ def test_state_bytes_are_exact_from_the_shardings(ptb_dir):
   params = nn.unbox(TransformerLM(typed(ModelSettings, config.model)).init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32),
                                                      jnp.array(True))["params"])
   counts = flops.param_counts(params)
-  got = plan.state_bytes_per_device(config, num_devices=4)
+  got = plan.state_bytes_per_device(from_config(config), num_devices=4)
   # Expert parameters split 4 ways over `expert`, everything else replicated; float32.
   assert got["params"] == 4 * (counts["shared"] + counts["expert"] // 4)
   assert got["params_total"] == 4 * counts["total"]
@@ -41,8 +41,9 @@ def test_activation_estimate_is_close_to_xla_compiled_temp(ptb_dir):
   config = _config(ptb_dir)
   config.model.d_model, config.model.d_ff, config.train.seq_len, config.model.max_len = 64, 256, 32, 32
   config.eval.seq_len = 32
-  estimate = (plan.activation_bytes_per_device(config, 1, 1) + plan.state_bytes_per_device(config, 1)["params"])
-  compiled = plan.compiled_temp_bytes(config, 1)
+  run = from_config(config)
+  estimate = plan.activation_bytes_per_device(run, 1, 1) + plan.state_bytes_per_device(run, 1)["params"]
+  compiled = plan.compiled_temp_bytes(run, 1)
   assert 0.5 <= estimate / compiled <= 2.0, (estimate, compiled)
 
 
@@ -51,32 +52,32 @@ def test_all_to_all_bytes_hand_count(ptb_dir):
   # 8 x 16 tokens in 4 groups of 32; C = ceil(2.0 * 32 / 4) = 16 per (group, expert): 4 x 4 x 16 slots of d=32
   # float32, a quarter of them on each of 4 devices; half leave the device; 4 transfers (2 forward, 2 backward).
   buffer = 4 * 4 * 16 * 32 * 4 / 4
-  assert plan.all_to_all_bytes_per_device(config, 4) == 4 * buffer / 2
+  assert plan.all_to_all_bytes_per_device(from_config(config), 4) == 4 * buffer / 2
   config.mesh.expert = 1
-  assert plan.all_to_all_bytes_per_device(config, 4) == 0
+  assert plan.all_to_all_bytes_per_device(from_config(config), 4) == 0
 
 
 
 def test_topk_and_shared_experts_in_the_activation_and_all_to_all_estimates(ptb_dir):
   config = _config(ptb_dir, expert=2)
   config.model.moe.router = "switch"
-  base = plan.activation_bytes_per_device(config, 4, 1)
-  sends = plan.all_to_all_bytes_per_device(config, 4)
+  base = plan.activation_bytes_per_device(from_config(config), 4, 1)
+  sends = plan.all_to_all_bytes_per_device(from_config(config), 4)
   model = config.model
   d, f, sublayers = model.d_model, model.moe.d_ff or model.d_ff, model.moe.sublayers_per_expert  # one MoE layer
   tokens = 8 * 16 / 4  # a device's tokens of the 8 x 16 batch
   moe = config.model.moe
   slots = max(moe.capacity_factor, 1.0)  # capacity slots a token at top-1
   config.model.moe.switch.top_k = 2  # twice the capacity slots (capacity counts choices), one more row each way
-  assert plan.activation_bytes_per_device(config, 4, 1) - base == tokens * (
+  assert plan.activation_bytes_per_device(from_config(config), 4, 1) - base == tokens * (
       slots * (sublayers * (4 * d + 2 * f) + 2 * d) + 2 * d) * 4
   step_tokens, groups, n = 8 * 16, moe.num_groups, moe.num_experts
   assert sends == 4 * n * math.ceil(moe.capacity_factor * step_tokens / groups / n) * groups / 4 * d * 4 / 2
-  assert plan.all_to_all_bytes_per_device(config, 4) == (
+  assert plan.all_to_all_bytes_per_device(from_config(config), 4) == (
       4 * n * math.ceil(moe.capacity_factor * 2 * step_tokens / groups / n) * groups / 4 * d * 4 / 2)
   config.model.moe.switch.top_k, config.model.moe.shared_experts = 1, 1  # every token through one more expert
-  assert plan.activation_bytes_per_device(config, 4, 1) - base == tokens * sublayers * (4 * d + 2 * f) * 4
-  assert plan.all_to_all_bytes_per_device(config, 4) == sends  # replicated: nothing travels
+  assert plan.activation_bytes_per_device(from_config(config), 4, 1) - base == tokens * sublayers * (4 * d + 2 * f) * 4
+  assert plan.all_to_all_bytes_per_device(from_config(config), 4) == sends  # replicated: nothing travels
 
 def test_plan_fits_and_picks_microbatches(ptb_dir):
   config = _config(ptb_dir)

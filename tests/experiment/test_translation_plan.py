@@ -28,20 +28,20 @@ def test_translation_plan_counts_the_real_parameters():
   counts = flops.param_counts(jax.device_get(real.params))
   assert sum(x.size for x in jax.tree.leaves(real.params)) == counts["total"]
   assert counts["expert"] > 0  # both MoE layers' experts
-  got = plan.state_bytes_per_device(config, num_devices=2)
+  got = plan.state_bytes_per_device(from_config(config), num_devices=2)
   assert got["params_total"] == 4 * counts["total"]
   assert got["params"] == 4 * (counts["shared"] + counts["expert"] // 2)  # experts split over mesh.expert=2
   assert 0 <= got["opt_state"] - 2 * got["params"] <= 64
   result = plan.plan(config, num_devices=2, memory_gib=1.0, compile_step=False)
   assert result["vocab_size"] == 40 and result["fits_with_config_microbatches"]
-  assert plan.num_moe_layers(config) == 2 and result["all_to_all_gib_per_step_per_device"] > 0
+  assert plan.num_moe_layers(from_config(config)) == 2 and result["all_to_all_gib_per_step_per_device"] > 0
 
 
 @pytest.mark.slow
 def test_translation_plan_compiles_the_train_step():
   config = tiny_model_config(vocab_size=40)
-  temp = plan.compiled_temp_bytes(config, num_devices=1)
-  estimate = plan.activation_bytes_per_device(config, 1, 1)
+  temp = plan.compiled_temp_bytes(from_config(config), num_devices=1)
+  estimate = plan.activation_bytes_per_device(from_config(config), 1, 1)
   assert temp is not None and temp > 0 and estimate > 0
   assert np.isfinite(temp / estimate)
 

@@ -223,10 +223,11 @@ def load_config(args):
 def check_config(program: str, args) -> None:
   """Raises what the program would say about its config before doing any work."""
   from stablemoe_jax.compare import methods  # pylint: disable=import-outside-toplevel
+  from stablemoe_jax.compare.comparison import Comparison  # pylint: disable=import-outside-toplevel
   from stablemoe_jax.experiment.config_validation import validate_config  # pylint: disable=import-outside-toplevel
   config = load_config(args)
   if program == "stablemoe_jax.compare":
-    methods.method_configs(config)
+    methods.method_configs(Comparison.of(config))
   elif program in ("stablemoe_jax.main", "stablemoe_jax.compare.probe", "benchmarks.router_geometry"):
     validate_config(config)
 

@@ -22,6 +22,7 @@ from stablemoe_jax.models import cosine_routing, routers
 from stablemoe_jax.models.learned_router import LearnedRouter
 from stablemoe_jax.models.stablemoe_router import GreedySigmoid
 from stablemoe_jax.train import optimizer
+from stablemoe_jax.compare.comparison import Comparison
 
 from tests.conftest import share_prepared_ptb
 from tests.integration.test_train import _numpy_adam_updates  # float64 numpy Adam, bias-corrected
@@ -225,7 +226,7 @@ def test_switch_with_the_new_keys_at_their_defaults_is_the_router_before_them_bi
 def test_the_cosine_methods_validate_and_set_their_keys():
   config = tune_cpu.get_config()  # the sweep's config
   config.compare.methods = "stablemoe_cosine,stablemoe_xmoe,switch_cosine,switch_xmoe,stablemoe_all"
-  configs = methods.method_configs(config)
+  configs = methods.method_configs(Comparison.of(config))
   for name, router, norm in (("stablemoe_cosine", "stablemoe", 0.0), ("stablemoe_xmoe", "stablemoe", 1.5),
                              ("switch_cosine", "switch", 0.0), ("switch_xmoe", "switch", 1.5)):
     moe = configs[name].model.moe

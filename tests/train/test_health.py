@@ -28,6 +28,7 @@ from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.train import health
 from stablemoe_jax.train.metrics import read_metrics
 from stablemoe_jax.core.settings import ModelSettings, typed
+from stablemoe_jax.compare.comparison import Comparison
 
 # --- the metrics ----------------------------------------------------------------------------------------------------
 
@@ -312,7 +313,7 @@ def test_comparison_has_health_columns_for_every_method_and_marks_a_dead_layer(t
              _record("old", "an old run", 0, None)]
   config = default.get_config()
   config.compare = ml_collections.ConfigDict({"methods": "stablemoe", "seeds": 2})
-  rows = report.write_reports(config, records, tmp_path)
+  rows = report.write_reports(Comparison.of(config), records, tmp_path)
   stable, hashed, dense, old = rows
   assert stable["health"]["dead"] == [[0, "moe_0"]] and stable["health"]["mean_gate"] == pytest.approx(0.15005)
   assert stable["health"]["contribution"] == pytest.approx(0.025)

@@ -16,6 +16,7 @@ from stablemoe_jax.compare import report
 from stablemoe_jax.experiment import actions
 from stablemoe_jax.train import health
 from stablemoe_jax.core.settings import from_config
+from stablemoe_jax.compare.comparison import Comparison
 
 LINE = 0.01  # health.min_contribution's default
 ENC, DEC = "encoder_moe_0", "decoder_moe_0"
@@ -163,7 +164,7 @@ def test_the_report_marks_a_weak_layer_and_a_dead_model(tmp_path):
              _record("line", "at the line", 1, _health(LINE, 0.02, LINE))]
   config = default.get_config()
   config.compare = ml_collections.ConfigDict({"methods": "weak", "seeds": 2})
-  report.write_reports(config, records, tmp_path)
+  report.write_reports(Comparison.of(config), records, tmp_path)
   table = (tmp_path / "comparison.md").read_text()
   rows = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| ")}
   assert "| ok; weak layer: encoder_moe_0 (seed 1) |" in rows["| one weak layer"]

@@ -8,6 +8,7 @@ stablemoe_jax/compare/methods.py, trained under this file's budget.
 import ml_collections
 
 from configs import default
+from stablemoe_jax.core import settings
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -24,24 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.checkpoint_every = 100
   config.analysis.record_every = 10  # routing records for the fluctuation curves
 
-  config.compare = ml_collections.ConfigDict()
-  # Comma-separated names from stablemoe_jax/compare/methods.py METHODS, run in this order.
-  config.compare.methods = "stablemoe,switch,base,hash,base_fixed,dense,dense_deeper,dense_wider"
-  config.compare.seeds = 1  # runs per method, with seeds config.seed, config.seed + 1, ...
-  # Tuning (stablemoe_jax/compare/sweep.py, configs/tune_cpu.py): comma-separated grids; both empty: no tuning.
-  config.compare.grid = ml_collections.ConfigDict()
-  config.compare.grid.learning_rate = ""  # e.g. "1e-3,2e-3,4e-3"
-  config.compare.grid.warmup_steps = ""  # e.g. "40,400"
-  config.compare.grid.extra = ""  # settings beyond the cross product, "LR/WARMUP" pairs, e.g. "6e-3/400,6e-3/600"
-  config.compare.grid.per_method = ""  # "METHOD=LR/W,...": its own grid; "METHOD=+LR/W,...": the shared one and more
-  config.compare.grid.steps = 0  # the selection runs' budget; 0: train.steps (a shorter one scales stage1_steps)
-  # A folder (e.g. results/tune_cpu, committed) that gets each finished run's summary.json, metrics.jsonl and
-  # fluctuation.json; a run found there is not redone, so a sweep resumes on another machine. "": none.
-  config.compare.results_dir = ""
-  # Paired differences in the report: "" pairs every method with dense; "ABLATION:BASELINE,..." pairs each ablation
-  # with the method it ablates instead (configs/ablate_cpu.py).
-  config.compare.pairs = ""
-  # Contrasts beside that pairing, "A:B,...": each A paired with B on the same seeds (e.g. router against router).
-  config.compare.contrasts = ""
-  config.compare.report_only = False  # True: train nothing, report the finished runs
+  # The comparison's keys at their defaults (stablemoe_jax/core/settings/compare.py: the 8 methods, 1 seed, no
+  # tuning grid, no results folder, every method paired with dense).
+  config.compare = settings.config_dict(settings.CompareSettings)
   return config

@@ -16,22 +16,14 @@ The other layout: --config.data.facts.layout=name_first. A dense model of the Mo
 import ml_collections
 
 from configs import default
+from stablemoe_jax.core import settings
 
 
 def get_config() -> ml_collections.ConfigDict:
   config = default.get_config()
   config.data.corpus = "facts"
-  config.data.facts = ml_collections.ConfigDict()
-  config.data.facts.seed = 0  # the corpus's own seed: the same facts for every run seed
-  config.data.facts.first_names = 40
-  config.data.facts.last_names = 40
-  config.data.facts.entities = 1600  # every (first, last) pair
+  config.data.facts = settings.config_dict(settings.FactsSettings)  # 40 x 40 name pieces, 1,600 entities, 64 values
   config.data.facts.attributes = 8  # 12,800 facts: past the dense model's reach in 5,000 steps (docs/facts.md)
-  config.data.facts.attribute_values = 64
-  config.data.facts.value_pieces = 64
-  config.data.facts.value_tokens = 1
-  config.data.facts.templates = 1
-  config.data.facts.layout = "attribute_first"
 
   config.model.d_model = 64
   config.model.num_heads = 2
@@ -39,9 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.d_ff = 256
   config.model.max_len = 60
   config.model.dropout = 0.0  # memorisation: nothing to regularise against
-  config.model.moe.num_experts = 8
-  config.model.moe.sublayers_per_expert = 1
-  config.model.moe.placement = "middle"  # after block 1 of 2
+  config.model.moe.sublayers_per_expert = 1  # one MoE layer of 8 experts, after block 1 of 2 ("middle")
 
   config.train.steps = 5000
   config.train.stage1_steps = 500  # the paper's 10%

@@ -103,11 +103,6 @@ class RouterEntry:
             and getattr(section, f.name) != settings_lib.absent_value(self.settings, f.name)]
 
 
-def _absent_section(cls) -> dict:
-  """Every setting of router section ``cls`` at its value for a config without it."""
-  return {f.name: settings_lib.absent_value(cls, f.name) for f in dataclasses.fields(cls)}
-
-
 ROUTERS: dict[str, RouterEntry] = {
     "stablemoe": RouterEntry(
         stablemoe_router.build, settings_lib.StableMoESettings, stablemoe_router.check,
@@ -118,7 +113,8 @@ ROUTERS: dict[str, RouterEntry] = {
         switch_router.build, settings_lib.SwitchSettings, switch_router.check,
         uses_distilled_router=lambda s: s.fixed_routing, preset_keys=switch_router.PRESET_KEYS,
         gate_kind=lambda s: "softmax", top_k=switch_router.top_k, post_update=cosine_routing.expert_norm_hook,
-        losses=("balance", "z_loss", "distill"), added_settings={"top_k": 1}),
+        losses=("balance", "z_loss", "distill"),
+        added_settings=settings_lib.added_settings(settings_lib.SwitchSettings)),
     "base": RouterEntry(
         base_router.build, settings_lib.BaseSettings, base_router.check, uses_distilled_router=lambda s: s.fixed_routing,
         losses=("distill",)),
@@ -128,13 +124,13 @@ ROUTERS: dict[str, RouterEntry] = {
         deepseek_router.build, settings_lib.DeepSeekSettings, deepseek_router.check, gate_kind=lambda s: "softmax",
         gate_scale=lambda s: float(s.routed_scale), top_k=deepseek_router.top_k,
         post_update=deepseek_router.bias_update_hook, losses=("balance",),
-        added_settings=_absent_section(settings_lib.DeepSeekSettings),
+        added_settings=settings_lib.added_settings(settings_lib.DeepSeekSettings),
         collapse_cures=("a larger --config.model.moe.deepseek.bias_update_rate",)),
 }
 
 
 # ``model.moe`` keys added after checkpoints were written, at the value that reproduces those runs.
-ADDED_MOE_SETTINGS = {"shared_experts": 0}
+ADDED_MOE_SETTINGS = settings_lib.added_settings(MoESettings)
 
 
 def without_added_settings(moe: dict) -> dict:

@@ -11,7 +11,8 @@ import orbax.checkpoint as ocp
 
 from stablemoe_jax.core.constants import task_name
 from stablemoe_jax.core.errors import CheckpointMismatchError
-from stablemoe_jax.core.settings import TrainSettings
+from stablemoe_jax.core.settings import (LMDataSettings, ModelSettings, TrainSettings, TranslationDataSettings,
+                                         absent_value, added_settings)
 from stablemoe_jax.models.routers import without_added_settings
 
 # Train settings that may change between a run and its resumption without changing its result.
@@ -40,15 +41,15 @@ _LAYOUT_MOE_KEYS = ("dispatcher", "eval_dispatcher", "block_size")
 _IMPLEMENTATION_MODEL_KEYS = ("attention", "remat", "loss_chunk_tokens")
 # Where the inputs lie on this machine (a run reads its prepared data from the workdir).
 _DATA_LOCATION_KEYS = ("data_dir", "tfds_data_dir")
-# Data keys added since checkpoints were written, at the value those runs had: equal to absent.
-_ADDED_DATA_SETTINGS = {"pack_pairs": False}
+# Data keys added since checkpoints were written (their fields' ``added`` metadata), at the value those runs had.
+_ADDED_DATA_SETTINGS = {**added_settings(LMDataSettings), **added_settings(TranslationDataSettings)}
 
 
 def _comparable(config: dict, for_training: bool) -> dict:
   model = {k: v for k, v in config["model"].items() if k not in _IMPLEMENTATION_MODEL_KEYS}
   # model.vocab_multiple counts by the embedding rows it gives: a checkpoint written before the key (or with it
   # off) restores wherever it pads nothing, and one with padded rows only where the padding is the same.
-  multiple = model.pop("vocab_multiple", 0)
+  multiple = model.pop("vocab_multiple", absent_value(ModelSettings, "vocab_multiple"))
   if multiple > 1 and model.get("vocab_size", 0) % multiple:
     model["padded_vocab_size"] = -(-model["vocab_size"] // multiple) * multiple
   # Keys added since (model.moe.shared_experts, switch.top_k) at the value old runs had: equal to absent.
@@ -61,7 +62,8 @@ def _comparable(config: dict, for_training: bool) -> dict:
     sections["seed"] = config["seed"]
     sections["train"] = {k: v for k, v in config["train"].items() if k not in _RESUMABLE_TRAIN_KEYS}
     train = sections["train"]
-    if (train["schedule"] if "schedule" in train else TrainSettings.schedule) in _STEP_COUNT_FREE_SCHEDULES:
+    schedule = train["schedule"] if "schedule" in train else absent_value(TrainSettings, "schedule")
+    if schedule in _STEP_COUNT_FREE_SCHEDULES:
       del sections["train"]["steps"]
   return sections
 

@@ -83,7 +83,8 @@ class GuardSettings:
                min_load_balance=float(section.min_load_balance), patience=int(section.patience),
                after_step=int(run.train.warmup_steps if after < 0 else after),
                on_collapse=str(section.on_collapse), router=router, gate=gate_kind(moe),
-               affinity=str(getattr(router_section, "affinity", "dot")), num_experts=int(moe.num_experts),
+               affinity=str(getattr(router_section, "affinity", settings_lib.PAPER_AFFINITY)),
+               num_experts=int(moe.num_experts),
                top_k=routers.top_k(moe) if router in routers.ROUTERS else 1,
                gate_scale=routers.gate_scale(moe) if router in routers.ROUTERS else 1.0)
 

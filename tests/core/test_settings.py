@@ -1,6 +1,7 @@
-"""The typed settings (stablemoe_jax/core/settings/) against the presets: every key of configs/default.py (and of
-configs/mt_cpu.py's typed sections) is a field and every field a key, at the same default; a missing key reads as
-its ``absent`` value; an unknown key or a value of the wrong type is one clear error."""
+"""The typed settings (stablemoe_jax/core/settings/) and the presets built from them: configs/default.py is the
+fields an LM carries at their defaults, configs/mt_cpu.py's keys the fields a translation carries; a missing key
+reads as its ``absent`` value; an unknown key or a value of the wrong type is one clear error. A saved config of
+every preset round-trips, and old checkpoints' configs load: tests/core/test_saved_configs.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,25 +29,31 @@ def _leaves(tree: dict) -> dict[str, object]:
   return tree_leaves(tree, skip=UNTYPED)
 
 
-def test_default_preset_is_the_dataclass_defaults_key_for_key():
+def test_default_preset_is_built_from_the_dataclasses():
+  """configs/default.py states no value of its own: it is the LM keys the dataclasses carry, at their defaults (the
+  translation-only keys, a corpus's own keys and the comparison's section are the presets' that use them)."""
   preset, fields = _leaves(default.get_config().to_dict()), _fields(settings.RunSettings)
-  translation_only = {"task", "train.schedule", "train.label_smoothing", "eval.max_sentences"} | {
+  carried_by_translation_only = {"task", "train.schedule", "train.label_smoothing", "eval.max_sentences"} | {
       key for key in fields if key.startswith("decode.")}
-  assert set(preset) == set(fields) - translation_only
-  assert {key: value for key, value in preset.items()} == {key: fields[key].default for key in preset}
+  assert set(preset) == set(fields) - carried_by_translation_only
+  assert default.get_config() == settings.config_dict(settings.RunSettings, "lm")
+  assert preset == {key: fields[key].default for key in preset}
   assert settings.from_config(default.get_config()) == dataclasses.replace(
       settings.RunSettings(), compare=settings.typed(settings.CompareSettings, None))  # no compare section
   for key, field in fields.items():
     assert field.metadata.get("help"), key  # every field says what it is
 
 
-def test_translation_preset_keys_are_fields_and_the_added_ones_exist():
+def test_translation_preset_carries_every_field_but_the_stated_ones():
   preset, fields = _leaves(mt_cpu.get_config().to_dict()), _fields(settings.RunSettings)
   assert set(preset) == set(fields)
   typed = settings.from_config(mt_cpu.get_config())
   assert (typed.task, typed.train.schedule, typed.train.label_smoothing) == ("translation", "inverse_sqrt", 0.1)
-  assert typed.data.pairs == mt_cpu.get_config().data.pairs
-  assert typed.decode == settings.DecodeSettings()  # the translation preset's decoding is the default
+  assert typed.data == settings.TranslationDataSettings()  # the translation preset's data are the defaults
+  assert typed.decode == settings.DecodeSettings()  # and so is its decoding
+  stated = {f.name for f in dataclasses.fields(settings.TranslationDataSettings) if f.metadata.get("carried") == ()}
+  assert stated == {"corpus", "train_files", "valid_files", "test_files", "tfds_data_dir"}
+  assert set(mt_cpu.get_config().data) == {f.name for f in dataclasses.fields(settings.TranslationDataSettings)} - stated
 
 
 @pytest.mark.parametrize("preset, cls", [(default, settings.LMDataSettings),

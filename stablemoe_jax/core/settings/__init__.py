@@ -17,41 +17,46 @@ import functools
 import typing
 from typing import Any
 
+import ml_collections
+
 from stablemoe_jax.core.errors import ConfigError
 from stablemoe_jax.core.settings.compare import CompareSettings, GridSettings
 from stablemoe_jax.core.settings.data import (FactsSettings, LMDataSettings, TranslationDataSettings,
                                               data_settings_class)
 from stablemoe_jax.core.settings.model import MoESettings, ModelSettings
 from stablemoe_jax.core.settings.routers import (BaseSettings, DeepSeekSettings, DistilledRouterSettings,
-                                                 HashSettings, StableMoESettings, SwitchSettings, setting)
+                                                 PAPER_AFFINITY, HashSettings, StableMoESettings, SwitchSettings,
+                                                 section, setting)
 from stablemoe_jax.core.settings.run import (AnalysisSettings, DecodeSettings, EvalSettings, HealthSettings,
                                              MeshSettings, TrainSettings)
 
 __all__ = ["AnalysisSettings", "BaseSettings", "CompareSettings", "DecodeSettings", "DeepSeekSettings",
            "DistilledRouterSettings", "EvalSettings", "FactsSettings", "GridSettings", "HashSettings",
-           "HealthSettings", "LMDataSettings", "MeshSettings", "MoESettings", "ModelSettings", "RunSettings", "StableMoESettings",
-           "SwitchSettings", "TrainSettings", "TranslationDataSettings", "absent_value", "from_config", "typed"]
+           "HealthSettings", "LMDataSettings", "MeshSettings", "MoESettings", "ModelSettings", "PAPER_AFFINITY",
+           "RunSettings", "StableMoESettings", "SwitchSettings", "TrainSettings", "TranslationDataSettings",
+           "absent_value", "added_settings", "config_dict", "from_config", "typed"]
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-  """A whole validated config, every section typed (``data`` by the task)."""
+  """A whole validated config, every section typed (``data`` by the task). The fields' order is the order of a
+  preset's keys (:func:`config_dict`; ``config.json`` records them so)."""
 
   seed: int = setting(0, "the run's seed (parameters, dropout, routing shuffles, data order)")
-  task: str = setting("lm", "lm | translation (configs written before the key existed are language models)")
-  model: ModelSettings = dataclasses.field(default_factory=ModelSettings, metadata={"help": "the model"})
-  train: TrainSettings = dataclasses.field(default_factory=TrainSettings, metadata={"help": "training"})
-  eval: EvalSettings = dataclasses.field(default_factory=EvalSettings, metadata={"help": "evaluation"})
-  mesh: MeshSettings = dataclasses.field(default_factory=MeshSettings, metadata={"help": "the device mesh"})
-  health: HealthSettings = dataclasses.field(default_factory=HealthSettings, metadata={"help": "router health"})
-  analysis: AnalysisSettings = dataclasses.field(default_factory=AnalysisSettings,
-                                                 metadata={"help": "routing analysis"})
-  data: LMDataSettings | TranslationDataSettings = dataclasses.field(
-      default_factory=LMDataSettings, metadata={"help": "the corpus (its dataclass is the task's)"})
-  decode: DecodeSettings = dataclasses.field(default_factory=DecodeSettings,
-                                             metadata={"help": "translation decoding"})
-  compare: CompareSettings = dataclasses.field(default_factory=CompareSettings,
-                                               metadata={"help": "a comparison's methods, seeds and grid"})
+  data: LMDataSettings | TranslationDataSettings = section(LMDataSettings,
+                                                           "the corpus (its dataclass is the task's)")
+  model: ModelSettings = section(ModelSettings, "the model")
+  train: TrainSettings = section(TrainSettings, "training")
+  mesh: MeshSettings = section(MeshSettings, "the device mesh (data, expert) over all devices of all processes")
+  eval: EvalSettings = section(EvalSettings, "evaluation")
+  health: HealthSettings = section(HealthSettings, "router health (docs/router_health.md): one verdict for every "
+                                                   "router, on what each MoE layer does")
+  analysis: AnalysisSettings = section(AnalysisSettings, "routing analysis (README \"Routing analysis\"): "
+                                                         "records, fluctuation, cohesion")
+  task: str = setting("lm", "lm | translation (configs written before the key existed are language models)",
+                      carried=("translation",))
+  decode: DecodeSettings = section(DecodeSettings, "translation decoding", carried=("translation",))
+  compare: CompareSettings = section(CompareSettings, "a comparison's methods, seeds and grid", carried=())
 
 
 _SECTION_PATHS = {RunSettings: "", ModelSettings: "model", MoESettings: "model.moe", TrainSettings: "train",
@@ -79,6 +84,12 @@ def absent_value(cls, name: str):
   if "absent" in field.metadata:
     return field.metadata["absent"]
   return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
+def added_settings(cls) -> dict[str, Any]:
+  """The keys of section ``cls`` added after checkpoints were written (``added`` metadata), each at its absent value:
+  a recorded config without one compares equal to a config holding that value (``train/checkpoint.py``)."""
+  return {f.name: absent_value(cls, f.name) for f in dataclasses.fields(cls) if f.metadata.get("added")}
 
 
 def _type_ok(kind, value) -> bool:
@@ -147,3 +158,24 @@ def typed(cls, section, path: str | None = None):
 def from_config(config) -> RunSettings:
   """The whole config (a ConfigDict or a dict) as :class:`RunSettings`; see :func:`typed`."""
   return typed(RunSettings, config)
+
+
+def config_dict(cls=RunSettings, task: str = "lm") -> ml_collections.ConfigDict:
+  """The ConfigDict a preset starts from: the keys of section ``cls`` that ``task``'s presets carry, at their
+  defaults, nested sections as ConfigDicts, in field order (``task`` itself where it is carried; ``data`` as the
+  task's dataclass). A field's ``carried`` metadata names the tasks whose presets hold it (``()``: only a preset
+  that states it, e.g. ``config.compare = settings.config_dict(settings.CompareSettings)``); every key is
+  overridable from the command line (``--config.x.y=``), typed as its default."""
+  config = ml_collections.ConfigDict()
+  for field in dataclasses.fields(cls):
+    if task not in field.metadata.get("carried", (task,)):
+      continue
+    if cls is RunSettings and field.name == "task":
+      config.task = task
+      continue
+    nested = data_settings_class(task) if cls is RunSettings and field.name == "data" else _hints(cls)[field.name]
+    if dataclasses.is_dataclass(nested):
+      config[field.name] = config_dict(nested, task)
+    else:
+      config[field.name] = field.default
+  return config

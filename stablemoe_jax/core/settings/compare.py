@@ -1,7 +1,8 @@
 """The comparison command's section ``compare`` and its tuning grid ``compare.grid``, as frozen dataclasses.
 
-Defaults are configs/compare_cpu.py's; a field whose ``absent`` metadata differs from its default is one a config
-without the key (a hand-built section, configs/compare_mt_cpu.py) reads otherwise. The readers and their checks:
+The defaults are configs/compare_cpu.py's (its section is built from them); a field whose ``absent`` metadata
+differs from its default is one a config without the key (a hand-built section, configs/compare_mt_cpu.py) reads
+otherwise. The readers and their checks:
 ``compare/methods.py`` (methods, seeds), ``compare/sweep.py`` (the grid), ``compare/runner.py`` (results_dir),
 ``compare/report.py`` (pairs, contrasts).
 """
@@ -35,10 +36,11 @@ class CompareSettings:
   seeds: int = setting(1, "runs per method, with seeds config.seed, config.seed + 1, ...")
   grid: GridSettings = dataclasses.field(default_factory=GridSettings,
                                          metadata={"help": "the tuning grid (compare/sweep.py)"})
-  results_dir: str = setting("", "a folder that gets each finished run's small files; a run found there is not "
-                                 "redone; empty: none")
-  pairs: str = setting("", "ABLATION:BASELINE,...: each ablation paired with its baseline in the report; empty: "
-                           "every method with dense")
+  results_dir: str = setting("", "a folder (e.g. results/tune_cpu, committed) that gets each finished run's "
+                                 "summary.json, metrics.jsonl and fluctuation.json; a run found there is not "
+                                 "redone, so a sweep resumes on another machine; empty: none")
+  pairs: str = setting("", "ABLATION:BASELINE,...: each ablation paired with the method it ablates in the report "
+                           "(configs/ablate_cpu.py); empty: every method with dense")
   contrasts: str = setting("", "A:B,...: beside that pairing, each A paired with B on the same seeds in the "
                                "report's contrasts table (e.g. router against router); empty: none")
   report_only: bool = setting(False, "True: train nothing, report the finished runs")

@@ -1,26 +1,50 @@
 """Each router's own settings, the sections ``model.moe.<router>``, and the shared ``model.moe.distilled_router``.
 
-One frozen dataclass per section, each field with its type, its default (configs/default.py's value) and a one-line
-description. ``models/routers.py`` gives each class to its registry entry (``RouterEntry.settings``); the checks of
-a section's values stay in that router's module (``check``). A field whose ``absent`` metadata differs from its
-default is one a preset turns on: a hand-built or older config without the key means ``absent`` (the paper's
-router), and another router being chosen leaves it unused without error (``RouterEntry.preset_keys``).
-"""
+One frozen dataclass per section, each field with its type, its default (the CPU default's value: configs/default.py
+is built from these) and a one-line description. ``models/routers.py`` gives each class to its registry entry
+(``RouterEntry.settings``); the checks of a section's values stay in that router's module (``check``). A field whose
+``absent`` metadata differs from its default is a preset deviation from the paper: a hand-built or older config
+without the key means ``absent`` (the paper's router), and another router being chosen leaves it unused without error
+(``RouterEntry.preset_keys``)."""
 from __future__ import annotations
 
 import dataclasses
 
 
-def setting(default, help: str, **absent):  # noqa: A002  (the argparse / flax name)
-  """A field with its default and one-line description; ``absent=value`` where a config lacking the key means
-  another value than the preset's default (a key added later, or a preset deviation from the paper)."""
-  return dataclasses.field(default=default, metadata={"help": help, **absent})
+_ALWAYS = None
+
+
+def setting(default, help: str, *, carried=_ALWAYS, added: bool = False, **absent):  # noqa: A002  (argparse's name)
+  """A field with its default and one-line description, and where it differs, in its metadata:
+
+  - ``absent=value``: what a config lacking the key means when that is not the default (a key added later, or a
+    preset deviation from the paper): ``settings.typed`` fills a missing key with it;
+  - ``carried``: the tasks whose presets hold the key (``settings.config_dict``; ``("translation",)``: a
+    translation-only key), ``()``: only a preset that states it holds it (a corpus's own keys); default: every task;
+  - ``added=True``: a key added after checkpoints were written: a recorded config without it restores where it holds
+    its absent value (``train/checkpoint.py``).
+  """
+  metadata = {"help": help, **absent}
+  if carried is not _ALWAYS:
+    metadata["carried"] = tuple(carried)
+  if added:
+    metadata["added"] = True
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+def section(cls, help: str, *, carried=_ALWAYS):  # noqa: A002
+  """A nested section: dataclass ``cls`` at its defaults; ``carried`` as :func:`setting`'s."""
+  metadata = {"help": help} if carried is _ALWAYS else {"help": help, "carried": tuple(carried)}
+  return dataclasses.field(default_factory=cls, metadata=metadata)
+
+
+PAPER_AFFINITY = "dot"  # the paper's routing affinity, that of a router without the key (train/health.py)
 
 
 # The affinity keys every learned router's section holds at the paper's values (X-MoE's cosine routing off).
-def _affinity(default: str = "dot", **absent):
-  return setting(default, "dot: s = h . E_i (the paper) | cosine: s = cos(P h, E_i) / tau, tau learned (X-MoE)",
-                 **absent)
+def _affinity(default: str = PAPER_AFFINITY, note: str = "", **absent):
+  return setting(default, "dot: s = h . E_i (the paper) | cosine: s = cos(P h, E_i) / tau, tau learned (X-MoE, Chi "
+                         f"et al. 2022){note}", **absent)
 
 
 def _cosine_dim(default: int = 0, **absent):
@@ -32,8 +56,10 @@ def _cosine_temperature():
 
 
 def _cosine_expert_norm():
-  return setting(0.0, "affinity=cosine: every centroid row rescaled to this norm after each update (X-MoE: 1.5); "
-                      "0: off")
+  return setting(0.0, "affinity=cosine: X-MoE's published expert embeddings: orthogonal init, every row rescaled to "
+                      "this norm after each update (X-MoE: 1.5; models/cosine_routing.py); 0: off (they start at "
+                      "centroid_gain, never rescaled), the tuned sweep's rule (docs/results.md, \"X-MoE's routing as "
+                      "published\")")
 
 
 COSINE_KEYS = ("affinity", "cosine_dim", "cosine_temperature", "cosine_expert_norm")
@@ -45,10 +71,14 @@ class StableMoESettings:
 
   balance_alpha: float = setting(0.3, "weight of StableMoE's balance loss")
   centroid_gain: float = setting(0.1, "orthogonal-init gain of the routing centroids")
-  balance_scope: str = setting("all", "the gates expert i's balance loss acts on: assigned (the paper's Eq. 3) | "
-                                      "all (every token's; a deviation)", absent="assigned")
-  z_loss_weight: float = setting(0.0, "router z-loss weight (mean logsumexp(s)^2); 0: off")
-  affinity: str = _affinity("cosine", absent="dot")
+  balance_scope: str = setting("all", "the gates expert i's balance loss acts on: assigned (the paper's Eq. 3: the "
+                                      "tokens routed to i) | all (every token's; a deviation, the CPU default's: "
+                                      "what each scope measured in the tuned sweep: docs/tuning.md, \"Findings\")",
+                               absent="assigned")
+  z_loss_weight: float = setting(0.0, "router z-loss weight (mean logsumexp(s)^2; a deviation probed in "
+                                      "docs/tuning.md); 0: off, the paper's router")
+  affinity: str = _affinity("cosine", "; cosine, a deviation: the best live seed-0 StableMoE cell of the tuned sweep "
+                                      "(docs/tuning.md, \"Findings\")", absent=PAPER_AFFINITY)
   cosine_dim: int = _cosine_dim(16, absent=0)
   cosine_temperature: float = _cosine_temperature()
   cosine_expert_norm: float = _cosine_expert_norm()
@@ -62,8 +92,9 @@ class SwitchSettings:
   z_loss_weight: float = setting(0.0, "router z-loss weight (ST-MoE uses 0.001); 0: off")
   jitter: float = setting(0.0, "training-only multiplicative noise U(1-j, 1+j) on the router input; 0: off")
   fixed_routing: bool = setting(False, "True: distil into the distilled router, freeze after stage 1")
-  top_k: int = setting(1, "experts per token: 1 (Switch) | k > 1: the k most probable, renormalised")
-  affinity: str = _affinity()
+  top_k: int = setting(1, "experts per token: 1 (Switch) | k > 1: the k most probable, renormalised (GShard, "
+                          "Mixtral)", added=True)
+  affinity: str = _affinity(note="; X-MoE's routing for Switch, as the stablemoe section's")
   cosine_dim: int = _cosine_dim()
   cosine_temperature: float = _cosine_temperature()
   cosine_expert_norm: float = _cosine_expert_norm()
@@ -89,13 +120,17 @@ class HashSettings:
 
 @dataclasses.dataclass(frozen=True)
 class DeepSeekSettings:
-  """``model.moe.deepseek``: DeepSeek-V3's auxiliary-loss-free routing (``models/deepseek_router.py``)."""
+  """``model.moe.deepseek``: DeepSeek-V3's auxiliary-loss-free routing (``models/deepseek_router.py``): sigmoid
+  affinities, top-k on affinity + a per-expert bias, the gates the chosen affinities normalised over the k x
+  routed_scale; after every step each bias moves by bias_update_rate * sign(mean load - load_i), outside the optimizer.
+  The whole section was added after checkpoints were written."""
 
-  top_k: int = setting(2, "experts per token (DeepSeek-V3: 8 of 256)")
-  routed_scale: float = setting(1.0, "factor on the gates (DeepSeek-V3: 2.5)")
-  bias_update_rate: float = setting(1e-3, "gamma of the per-step bias update (DeepSeek-V3: 0.001); 0: none")
-  balance_weight: float = setting(0.0, "the sequence-wise balance loss (DeepSeek-V3: 0.0001); 0: off")
-  centroid_gain: float = setting(0.1, "orthogonal-init gain of the expert centroids")
+  top_k: int = setting(2, "experts per token (DeepSeek-V3: 8 of 256)", added=True)
+  routed_scale: float = setting(1.0, "factor on the gates (DeepSeek-V3: 2.5)", added=True)
+  bias_update_rate: float = setting(1e-3, "gamma of the per-step bias update (DeepSeek-V3: 0.001); 0: none",
+                                    added=True)
+  balance_weight: float = setting(0.0, "the sequence-wise balance loss (DeepSeek-V3: 0.0001); 0: off", added=True)
+  centroid_gain: float = setting(0.1, "orthogonal-init gain of the expert centroids", added=True)
 
 
 @dataclasses.dataclass(frozen=True)

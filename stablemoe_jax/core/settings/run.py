@@ -1,11 +1,15 @@
-"""The sections of a run besides the model: ``train``, ``eval``, ``mesh``, ``health``, ``analysis``, as frozen
-dataclasses. Defaults are configs/default.py's (the translation-only keys: configs/mt_cpu.py's meaning of an absent
-key); the checks: ``experiment/config_validation.py`` (train, eval), ``train/health.py``, ``analysis/recorder.py``."""
+"""The sections of a run besides the model: ``train``, ``eval``, ``mesh``, ``health``, ``analysis`` (and
+translation's ``decode``), as frozen dataclasses. The defaults are the CPU default's (configs/default.py is built
+from them); the translation-only keys (``carried`` by translation presets only) default to configs/mt_cpu.py's
+meaning of an absent key. The checks: ``experiment/config_validation.py`` (train, eval), ``train/health.py``,
+``analysis/recorder.py``."""
 from __future__ import annotations
 
 import dataclasses
 
 from stablemoe_jax.core.settings.routers import setting
+
+_TRANSLATION = ("translation",)  # ``carried``: the keys only a translation preset holds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -13,25 +17,34 @@ class TrainSettings:
   """``train``: the steps, the batches, the optimizer and the logging / checkpoint cadence."""
 
   steps: int = setting(850, "optimizer steps")
-  stage1_steps: int = setting(300, "StableMoE's stage 1: the steps the router learns and is distilled")
+  stage1_steps: int = setting(300, "StableMoE's stage 1: the steps the router learns and is distilled; the CPU "
+                                   "default's 300: 35% of training (the paper: 10% of 60K steps), the length the "
+                                   "headline's seeds trained at, ending 100 steps before the warmup does, after 614K "
+                                   "tokens (the other lengths measured: docs/results.md, Table 6)")
   batch_size: int = setting(16, "rows per step")
   microbatches: int = setting(1, ">1: accumulate gradients over batch_size / microbatches rows at a time")
   seq_len: int = setting(128, "positions per row (translation: source and target each)")
-  learning_rate: float = setting(6e-3, "peak learning rate")
+  learning_rate: float = setting(6e-3, "peak learning rate; the CPU default's 6e-3 and warmup 400 were chosen on "
+                                       "seed-0 validation over lr {1e-3 .. 8e-3} x warmup {40, 400, 600} "
+                                       "(configs/tune_cpu.py, results/tune_h100) among the settings whose layer is "
+                                       "alive by the health verdict (docs/tuning.md)")
   warmup_steps: int = setting(400, "linear warmup steps")
-  schedule: str = setting("linear", "linear (warmup then linear decay) | inverse_sqrt (translation)")
   adam_b1: float = setting(0.9, "Adam beta1")
   adam_b2: float = setting(0.98, "Adam beta2")
   adam_eps: float = setting(1e-8, "Adam epsilon")
   clip_norm: float = setting(0.1, "global gradient-norm clip")
-  label_smoothing: float = setting(0.0, "translation: label smoothing of the loss")
-  router_lr_scale: float = setting(1.0, "the learned routers' lr: the schedule's x this (1: the shared lr)")
+  router_lr_scale: float = setting(1.0, "the learned routers' own parameters (centroids; the cosine router's "
+                                        "projection and temperature): their lr is the schedule's x this (1: the "
+                                        "shared optimizer, the paper)")
   router_warmup_steps: int = setting(0, "the routers' lr x min(1, step / this); 0: no router warmup")
   log_every: int = setting(50, "steps per logged window")
   eval_every: int = setting(425, "steps between in-training evaluations")
   eval_batches: int = setting(20, "validation batches per in-training evaluation; <= 0: whole split")
   checkpoint_every: int = setting(200, "steps between checkpoints")
   keep_checkpoints: int = setting(3, "checkpoints kept")
+  schedule: str = setting("linear", "linear (warmup then linear decay) | inverse_sqrt (translation)",
+                          carried=_TRANSLATION)
+  label_smoothing: float = setting(0.0, "translation: label smoothing of the loss", carried=_TRANSLATION)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +53,14 @@ class EvalSettings:
 
   batch_size: int = setting(32, "rows per evaluation batch")
   seq_len: int = setting(128, "positions per row")
-  stride: int = setting(0, "0 (or seq_len): non-overlapping blocks; 0 < stride < seq_len: sliding windows")
-  max_batches: int = setting(0, "> 0: only each split's first N batches (quick checks); 0: the whole split")
-  max_sentences: int = setting(0, "translation: > 0: only each evaluation set's first N sentences; 0: all")
+  stride: int = setting(0, "0 (or seq_len): non-overlapping blocks, mean context ~seq_len / 2; 0 < "
+                           "stride < seq_len: sliding windows advancing by stride, each token scored once with >= "
+                           "seq_len - stride tokens of context")
+  max_batches: int = setting(0, "> 0: the final and --mode=eval evaluations score only each split's first "
+                                "N batches (quick checks; the summary says so under \"eval\"); 0: the whole "
+                                "split, as every reported result")
+  max_sentences: int = setting(0, "translation: > 0: only each evaluation set's first N sentences (quick "
+                                  "checks); 0: all", carried=_TRANSLATION)
 
 
 @dataclasses.dataclass(frozen=True)

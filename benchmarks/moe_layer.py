@@ -116,8 +116,8 @@ def main():
           router="stablemoe", num_experts=args.experts, capacity_factor=capacity_factor,
           eval_capacity_factor=capacity_factor, num_groups=args.groups, shuffle_tokens=False, dispatcher=name,
           eval_dispatcher=name, block_size=block_size, stablemoe=dict(balance_alpha=0.3, centroid_gain=0.1)))
-      layer = make_moe_layer(typed(MoESettings, cfg), 10000, args.sublayers, args.d_ff, dtype=dtype)
-      with jax.set_mesh(mesh):
+      with jax.set_mesh(mesh):  # the layer's groups and dispatchers are resolved for the mesh where it is built
+        layer = make_moe_layer(typed(MoESettings, cfg), 10000, args.sublayers, args.d_ff, dtype=dtype)
         params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
 
       def moe_loss(params, x, layer=layer):

@@ -6,12 +6,11 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import optax
-from flax import traverse_util
 
 from stablemoe_jax.core.settings import RunSettings
 from stablemoe_jax.models.moe import SHUFFLE_RNG
 from stablemoe_jax.models.routers import post_update_hook
-from stablemoe_jax.models.routing import AUX_LOSS, METRICS
+from stablemoe_jax.models.routing import STATS, MoEStats, layer_stats
 from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.train.losses import token_nll  # noqa: F401  (re-exported: tests and scripts import it here)
 from stablemoe_jax.train.optimizer import learning_rate_schedule
@@ -20,19 +19,20 @@ from stablemoe_jax.train.state import TrainState, in_stage1
 Batch = dict[str, jax.Array]
 
 
-def _flatten(collection) -> dict[str, jax.Array]:
-  """Sown values {module: {name: (value,)}} -> {'module/name': value}."""
-  flat = traverse_util.flatten_dict(collection, sep="/")
-  return {key: value[0] for key, value in flat.items()}
+def aux_losses(stats: dict[str, MoEStats]) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """(the sum of every layer's router losses, {loss name: its sum over the layers}), both summed layer by layer in
+  the layers' order, each layer's losses in ``RouterLosses``'s field order."""
+  total, by_name = jnp.zeros(()), {}
+  for layer in stats.values():
+    for name, value in layer.losses.present().items():
+      total = total + value
+      by_name[name] = by_name.get(name, jnp.zeros(())) + value
+  return total, by_name
 
 
-def _sum_by_name(flat: dict[str, jax.Array]) -> dict[str, jax.Array]:
-  """{'moe_0/router/balance': x, 'moe_1/router/balance': y} -> {'balance': x + y}: each loss summed over layers."""
-  sums = {}
-  for key, value in flat.items():
-    name = key.rsplit("/", 1)[-1]
-    sums[name] = sums.get(name, jnp.zeros(())) + value
-  return sums
+def moe_metrics(stats: dict[str, MoEStats]) -> dict[str, jax.Array]:
+  """The logged ``moe/<layer>/<name>`` metrics of every layer's stats (``MoEStats.metrics``)."""
+  return {f"moe/{layer}/{name}": value for layer, record in stats.items() for name, value in record.metrics().items()}
 
 
 def step_rngs(step_key: jax.Array) -> dict[str, jax.Array]:
@@ -51,9 +51,13 @@ def make_train_step(model, tx: optax.GradientTransformation, run: RunSettings,
   microbatches of [B / M, S] whose gradients are averaged before one update
   (routing and capacity then act per microbatch, as per device batch in fairseq).
 
+  The MoE layers' stats (one ``routing.MoEStats`` a layer, sown into ``routing.STATS``) give the router losses added
+  to the loss (logged ``aux/<name>``, summed over the layers) and the ``moe/<layer>/<name>`` metrics.
+
   Every update is followed by the chosen router's ``post_update`` hook, where its registry entry has one
-  (``routers.post_update_hook``): e.g. with a cosine router's ``cosine_expert_norm`` > 0,
-  ``cosine_routing.expert_norm_hook`` rescales the centroids' rows to that norm in the stored parameters
+  (``routers.post_update_hook``), given the step's stats by layer (averaged over microbatches): e.g. with a
+  cosine router's ``cosine_expert_norm`` > 0, ``cosine_routing.expert_norm_hook`` rescales the centroids' rows to
+  that norm in the stored parameters
   (X-MoE's rescale before every forward pass; its docstring says why here).
   """
   stage1_steps = run.train.stage1_steps
@@ -66,43 +70,44 @@ def make_train_step(model, tx: optax.GradientTransformation, run: RunSettings,
     def loss_fn(params):
       output, sown = model.apply(
           {"params": params}, *task.model_inputs(batch), stage1, deterministic=False,
-          rngs=step_rngs(step_key), mutable=[AUX_LOSS, METRICS], **task.model_keywords(batch),
+          rngs=step_rngs(step_key), mutable=[STATS], **task.model_keywords(batch),
       )
       task_loss = task.train_loss(output, batch)
-      aux = _flatten(sown.get(AUX_LOSS, {}))
-      return task_loss + sum(aux.values(), jnp.zeros(())), (task_loss, aux, _flatten(sown.get(METRICS, {})))
+      stats = layer_stats(sown)
+      return task_loss + aux_losses(stats)[0], (task_loss, stats)
 
-    (loss, (task_loss, aux, moe_metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (loss, (task_loss, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     metrics = {
         "loss": loss,
         "task_loss": task_loss,
-        **{f"aux/{name}": value for name, value in _sum_by_name(aux).items()},  # every sown loss, by its name
-        **{f"moe/{k}": v for k, v in moe_metrics.items()},
+        **{f"aux/{name}": value for name, value in aux_losses(stats)[1].items()},  # every router loss, by its name
+        **moe_metrics(stats),
     }
-    return grads, metrics
+    return grads, metrics, stats
 
   def train_step(state: TrainState, batch: Batch):
     stage1 = in_stage1(state.step, stage1_steps)
     step_key = jax.random.fold_in(base_key, state.step)
     if microbatches == 1:
-      grads, metrics = grads_and_metrics(state.params, batch, stage1, step_key)
+      grads, metrics, stats = grads_and_metrics(state.params, batch, stage1, step_key)
     else:
       # Microbatch m takes rows m, m + M, ...: an even share of every device's rows.
       split = jax.tree.map(lambda x: x.reshape(-1, microbatches, *x.shape[1:]).swapaxes(0, 1), batch)
 
       def accumulate(grad_sum, micro):
         micro_batch, index = micro
-        grads, metrics = grads_and_metrics(state.params, micro_batch, stage1, jax.random.fold_in(step_key, index))
-        return jax.tree.map(jnp.add, grad_sum, grads), metrics
+        grads, metrics, stats = grads_and_metrics(state.params, micro_batch, stage1,
+                                                  jax.random.fold_in(step_key, index))
+        return jax.tree.map(jnp.add, grad_sum, grads), (metrics, stats)
 
       zeros = jax.tree.map(jnp.zeros_like, state.params)
       grad_sum, stacked = jax.lax.scan(accumulate, zeros, (split, jnp.arange(microbatches)))
       grads = jax.tree.map(lambda g: g / microbatches, grad_sum)
-      metrics = jax.tree.map(lambda m: m.mean(axis=0), stacked)
+      metrics, stats = jax.tree.map(lambda m: m.mean(axis=0), stacked)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     if post_update is not None:
-      params = post_update(params, metrics)
+      params = post_update(params, stats)
     metrics.update(grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step),
                    stage=jnp.where(stage1, 1, 2))
     if "weights" in batch:  # the positions the loss scores (translation: real target tokens)
@@ -142,13 +147,12 @@ def make_routing_agreement_step(model, task) -> Callable[[dict, Batch], jax.Arra
   """``(params, batch) -> share of the batch's tokens`` whose distilled-router expert is the learned one.
 
   Runs the model with stage-1 routing (the learned assignment) and reads the ``distill_accuracy``
-  metric every distilled router sows (mean over MoE layers); None if no router sows it.
+  stat every distilled router returns (mean over MoE layers); None if no router has it.
   """
 
   def agreement_step(params, batch: Batch):
     _, sown = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(True), deterministic=True,
-                          mutable=[METRICS], **task.model_keywords(batch))
-    flat = _flatten(sown.get(METRICS, {}))
-    values = [v for k, v in flat.items() if k.rsplit("/", 1)[-1] == "distill_accuracy"]
+                          mutable=[STATS], **task.model_keywords(batch))
+    values = [s.router.distill_accuracy for s in layer_stats(sown).values() if s.router.distill_accuracy is not None]
     return sum(values) / len(values) if values else None
   return agreement_step

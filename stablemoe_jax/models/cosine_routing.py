@@ -26,7 +26,6 @@ import numpy as np
 
 from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.core.settings.routers import COSINE_KEYS
-from stablemoe_jax.models.routing import METRICS
 
 AFFINITIES = ("dot", "cosine")
 MAX_LOGIT_SCALE = 100.0  # the cosine router's 1 / tau is clipped here (tutel's CosineTopKGate: 1 / 0.01)
@@ -63,16 +62,16 @@ def xmoe_expert_init(norm: float) -> Callable:
 
 
 def cosine_affinities(router: nn.Module, h: jax.Array, centroids: jax.Array, cosine_dim: int,
-                      cosine_temperature: float) -> jax.Array:
+                      cosine_temperature: float) -> tuple[jax.Array, jax.Array]:
   """The cosine path of a learned router, called inside its compact ``__call__`` (the parameters are the router's:
-  ``cosine_projection`` (if ``cosine_dim`` > 0) and ``logit_scale``; the temperature is sown as
-  ``router_temperature``). h float32 [T, d], centroids [N, cosine_dim or d] -> scores float32 [T, N]."""
+  ``cosine_projection`` (if ``cosine_dim`` > 0) and ``logit_scale``). h float32 [T, d], centroids
+  [N, cosine_dim or d] -> (scores float32 [T, N], the temperature tau: the router's ``router_temperature`` stat)."""
   if cosine_dim > 0:
     h = nn.Dense(cosine_dim, use_bias=False, dtype=jnp.float32, param_dtype=jnp.float32,
                  name="cosine_projection")(h)
   logit_scale = router.param("logit_scale", nn.initializers.constant(-np.log(cosine_temperature)), (), jnp.float32)
-  router.sow(METRICS, "router_temperature", jnp.exp(-jnp.minimum(logit_scale, np.log(MAX_LOGIT_SCALE))))
-  return cosine_scores(h, centroids, logit_scale)
+  temperature = jnp.exp(-jnp.minimum(logit_scale, np.log(MAX_LOGIT_SCALE)))
+  return cosine_scores(h, centroids, logit_scale), temperature
 
 
 def cosine_kwargs(settings) -> dict:
@@ -106,7 +105,7 @@ def expert_norm_hook(model: settings_lib.ModelSettings) -> Callable[[dict], dict
     names = [key.key for key in path if isinstance(key, jax.tree_util.DictKey)]
     return rescale_rows(leaf, norm).astype(leaf.dtype) if names[-2:] == [ROUTER_MODULE, CENTROIDS] else leaf
 
-  return lambda params, metrics=None: jax.tree_util.tree_map_with_path(project, params)
+  return lambda params, stats=None: jax.tree_util.tree_map_with_path(project, params)
 
 
 def check_affinity_keys(section: str, settings) -> list[str]:

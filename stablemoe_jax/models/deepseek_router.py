@@ -8,8 +8,8 @@ Its settings are the section ``model.moe.deepseek`` (``core.settings.DeepSeekSet
 The bias is the router's parameter ``expert_bias [N]`` read through ``stop_gradient``: it has no gradient, so Adam
 (no weight decay) leaves it exactly as it is, and it is saved, restored and resumed with the other parameters. The
 train step moves it after the optimizer update, through the registry's post-update hook (:func:`bias_update_hook`),
-from the step's logged per-expert load of that layer (``moe/<layer>/load``: each expert's share of the step's
-T * k choices, mean 1 / N).
+from the step's per-expert load of that layer (its ``MoEStats.load``, logged as ``moe/<layer>/load``: each expert's
+share of the step's T * k choices, mean 1 / N).
 Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from stablemoe_jax.core.settings import ModelSettings
-from stablemoe_jax.models.routing import AUX_LOSS, METRICS, Routing, masked_mean
+from stablemoe_jax.models.routing import MoEStats, Routing, RouterLosses, RouterStats, masked_mean
 
 BIAS = "expert_bias"
 ROUTER_MODULE = "router"
@@ -75,13 +75,14 @@ class DeepSeekRouter(nn.Module):
     log_affinity = jax.nn.log_sigmoid(logits)
     expert_index = jax.lax.top_k(jax.lax.stop_gradient(affinity) + bias, self.top_k)[1].astype(jnp.int32)
     gate = self.routed_scale * jax.nn.softmax(jnp.take_along_axis(log_affinity, expert_index, axis=-1), axis=-1)
+    losses = RouterLosses()
     if self.balance_weight > 0:
       sequences = token_ids.shape[0] if token_ids.ndim == 2 else 1
-      self.sow(AUX_LOSS, "balance", self.balance_weight * sequence_balance_loss(
+      losses = RouterLosses(balance=self.balance_weight * sequence_balance_loss(
           log_affinity, expert_index, sequences, token_mask))
-    self.sow(METRICS, "bias_spread", jnp.max(bias) - jnp.min(bias))
-    self.sow(METRICS, "mean_affinity", masked_mean(jnp.mean(affinity, axis=-1), token_mask))
-    return Routing(expert_index=expert_index, gate=gate)
+    stats = RouterStats(bias_spread=jnp.max(bias) - jnp.min(bias),
+                        mean_affinity=masked_mean(jnp.mean(affinity, axis=-1), token_mask))
+    return Routing(expert_index=expert_index, gate=gate, losses=losses, stats=stats)
 
 
 def build(settings, *, moe, num_experts: int, vocab_size: int) -> nn.Module:
@@ -108,19 +109,20 @@ def _bias_layer(path) -> str | None:
 
 
 def bias_update_hook(model: ModelSettings) -> Callable | None:
-  """The train step's post-update hook: ``(params, metrics) -> params`` with every MoE layer's ``router/expert_bias``
-  moved by :func:`updated_bias` from that step's ``moe/<layer>/load``; None when the rate is 0."""
+  """The train step's post-update hook: ``(params, stats) -> params`` with every MoE layer's ``router/expert_bias``
+  moved by :func:`updated_bias` from that step's load of the layer (``stats``: {layer path: its ``MoEStats``});
+  None when the rate is 0."""
   rate = float(model.moe.deepseek.bias_update_rate)
   if rate == 0:
     return None
 
-  def hook(params, metrics=None):
-    if metrics is None:
+  def hook(params, stats: dict[str, MoEStats] | None = None):
+    if stats is None:
       return params
 
     def move(path, leaf):
       layer = _bias_layer(path)
-      return leaf if layer is None else updated_bias(leaf, metrics[f"moe/{layer}/load"], rate).astype(leaf.dtype)
+      return leaf if layer is None else updated_bias(leaf, stats[layer].load, rate).astype(leaf.dtype)
     return jax.tree_util.tree_map_with_path(move, params)
 
   return hook

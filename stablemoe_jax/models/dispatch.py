@@ -16,10 +16,12 @@ token order:
   GPU its block loop is far slower than ``index``);
 - ``one_hot``: GShard's dense ``[T, N, C]`` mask einsum, kept for the benchmark only.
 Nothing of shape ``[T, N, C]`` is built by the others; they move rows with ``buffers.py``. Which one a layer
-uses: :func:`resolve_dispatcher_name`. Shape letters: ``models/__init__.py``.
+uses: :func:`resolve_dispatcher_name`, applied once where the layer is built (:func:`resolve_dispatchers`).
+Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Protocol
 
@@ -102,20 +104,23 @@ SINGLE_DEVICE_DISPATCHERS = ("grouped",)  # no expert parallelism: refused when 
 
 
 def _expert_devices() -> int:
+  """Devices the experts are split over: the ``expert`` axis of the surrounding ``jax.set_mesh`` (1 outside one)."""
   return jax.sharding.get_abstract_mesh().shape.get(sharding_lib.EXPERT_AXIS, 1)
 
 
 def resolve_dispatcher_name(name: str, *, eval_name: str | None = None, no_drops: bool = False,
-                            backend: str | None = None) -> str:
+                            backend: str | None = None, expert_devices: int | None = None) -> str:
   """The dispatcher a layer uses: ``model.moe.dispatcher`` (``name``), or in evaluation ``eval_name``.
 
   ``name`` "auto": all_to_all when the mesh's ``expert`` axis is > 1, else index. ``eval_name`` "auto":
   grouped when evaluation drops no token (``no_drops``), there is no expert axis > 1 and the backend
   (default: JAX's) is the CPU, else as training. On a GPU the grouped dispatcher's block loop ran 6-18x
   slower than index dispatch at capacity factor 1 and 2 (H100, lm_base and lm_large layer shapes,
-  ``benchmarks/results/gpu/``), so there no-drop evaluation keeps index dispatch.
+  ``benchmarks/results/gpu/``), so there no-drop evaluation keeps index dispatch. ``expert_devices``: the mesh's
+  ``expert`` axis (default: the surrounding mesh's).
   """
-  experts_split = _expert_devices() > 1
+  expert_devices = _expert_devices() if expert_devices is None else expert_devices
+  experts_split = expert_devices > 1
   if eval_name is not None and eval_name != "auto":
     name = eval_name
   elif eval_name == "auto" and no_drops and not experts_split and (backend or jax.default_backend()) == "cpu":
@@ -126,17 +131,54 @@ def resolve_dispatcher_name(name: str, *, eval_name: str | None = None, no_drops
     raise ValueError(f"unknown dispatcher {name!r}; choose one of {DISPATCHER_NAMES}")
   if name in SINGLE_DEVICE_DISPATCHERS and experts_split:
     raise ValueError(f"the {name} dispatcher has no expert parallelism, but the mesh's expert axis is "
-                     f"{_expert_devices()}; use dispatcher all_to_all (or auto), or mesh.expert=1.")
+                     f"{expert_devices}; use dispatcher all_to_all (or auto), or mesh.expert=1.")
   return name
 
 
 def choose_dispatcher(name: str, *, eval_name: str | None = None, no_drops: bool = False,
-                      block_size: int = DEFAULT_BLOCK_SIZE) -> Dispatcher:
+                      block_size: int = DEFAULT_BLOCK_SIZE, expert_devices: int | None = None) -> Dispatcher:
   """``model.moe.dispatcher`` (and in evaluation ``model.moe.eval_dispatcher``) -> a dispatcher.
 
   See :func:`resolve_dispatcher_name`; ``block_size`` is the grouped dispatcher's row block.
   """
-  name = resolve_dispatcher_name(name, eval_name=eval_name, no_drops=no_drops)
+  return by_name(resolve_dispatcher_name(name, eval_name=eval_name, no_drops=no_drops,
+                                         expert_devices=expert_devices), block_size)
+
+
+def by_name(name: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Dispatcher:
+  """The dispatcher called ``name`` (one of ``DISPATCHERS``); ``block_size``: the grouped dispatcher's row block."""
   if name == "grouped":
     return functools.partial(grouped_dispatch, block_size=block_size)
   return DISPATCHERS[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerDispatchers:
+  """The dispatchers of one MoE layer, resolved once where it is built (:func:`resolve_dispatchers`): names in
+  ``DISPATCHERS``.
+
+  Attributes:
+    train: training's.
+    eval: evaluation's when a token can be dropped.
+    eval_no_drops: evaluation's when none can (capacity = group size).
+    block_size: the grouped dispatcher's row block.
+  """
+
+  train: str
+  eval: str
+  eval_no_drops: str
+  block_size: int = DEFAULT_BLOCK_SIZE
+
+  def pick(self, deterministic: bool, no_drops: bool) -> Dispatcher:
+    """The dispatcher of a call: evaluation's (``deterministic``) by whether it can drop a token, else training's."""
+    name = (self.eval_no_drops if no_drops else self.eval) if deterministic else self.train
+    return by_name(name, self.block_size)
+
+
+def resolve_dispatchers(name: str, eval_name: str, *, expert_devices: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                        backend: str | None = None) -> LayerDispatchers:
+  """``model.moe.dispatcher`` and ``eval_dispatcher`` resolved (:func:`resolve_dispatcher_name`) for experts split
+  over ``expert_devices`` devices and ``backend`` (default: JAX's)."""
+  resolve = functools.partial(resolve_dispatcher_name, backend=backend, expert_devices=expert_devices)
+  return LayerDispatchers(train=resolve(name), eval=resolve(name, eval_name=eval_name),
+                          eval_no_drops=resolve(name, eval_name=eval_name, no_drops=True), block_size=block_size)

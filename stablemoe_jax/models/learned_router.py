@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from stablemoe_jax.core import settings as settings_lib
 from stablemoe_jax.models import distill
 from stablemoe_jax.models.cosine_routing import AFFINITIES, cosine_affinities, xmoe_expert_init
-from stablemoe_jax.models.routing import AUX_LOSS, METRICS, Routing, masked_mean
+from stablemoe_jax.models.routing import Routing, RouterLosses, RouterStats, masked_mean
 
 @dataclasses.dataclass(frozen=True)
 class DistilledRouterSpec:
@@ -63,8 +63,9 @@ class LearnedRouter(nn.Module):
   Attributes:
     num_experts: N.
     policy: GreedySigmoid | SwitchSoftmax | BalancedAssignment (or any object with the same methods). Its
-      ``assign`` returns int32 [T] (top-1) or [T, k] (top-k, highest-ranked first), its ``gate`` the same shape;
-      a top-k policy has no distilled router (``distilled`` None).
+      ``assign`` returns int32 [T] (top-1) or [T, k] (top-k, highest-ranked first) and {name: metric} (fields of
+      ``RouterStats``), its ``gate`` the shape of the assignment, its ``losses`` {name: loss} (fields of
+      ``RouterLosses``); a top-k policy has no distilled router (``distilled`` None).
     vocab_size: vocabulary size (for the distilled router).
     distilled: the distilled router, or None for single-stage routing.
     distill_weight: weight of the distillation loss.
@@ -109,14 +110,15 @@ class LearnedRouter(nn.Module):
     h = h.astype(jnp.float32)
     if self.jitter > 0 and not deterministic:
       h = h * jax.random.uniform(self.make_rng("dropout"), h.shape, jnp.float32, 1 - self.jitter, 1 + self.jitter)
+    stats = {}
     if cosine:
-      scores = cosine_affinities(self, h, centroids, self.cosine_dim, self.cosine_temperature)
+      scores, stats["router_temperature"] = cosine_affinities(self, h, centroids, self.cosine_dim,
+                                                               self.cosine_temperature)
     else:
       scores = h @ centroids.T  # [T, N]
     learned, policy_metrics = self.policy.assign(
         scores, deterministic, needed=True if self.distilled is None else jnp.asarray(in_stage1))
-    for name, value in policy_metrics.items():
-      self.sow(METRICS, name, value)
+    stats.update(policy_metrics)
     losses = self.policy.losses(scores, learned, token_mask)
     expert_index = learned
     if self.distilled is not None:
@@ -130,15 +132,12 @@ class LearnedRouter(nn.Module):
           jnp.take_along_axis(jax.nn.log_softmax(logits), target[:, None], axis=-1)[:, 0], token_mask)
       losses = {name: stage1 * value for name, value in losses.items()}
       losses["distill"] = stage1 * self.distill_weight * distill_loss
-      self.sow(METRICS, "distill_loss", distill_loss)
-      self.sow(METRICS, "distill_accuracy", masked_mean((distilled == learned).astype(jnp.float32), token_mask))
+      stats["distill_loss"] = distill_loss
+      stats["distill_accuracy"] = masked_mean((distilled == learned).astype(jnp.float32), token_mask)
       # Routing analysis: share of tokens routed elsewhere than the centroids' argmax (0 in stage 1 for StableMoE).
       greedy = jnp.argmax(scores, axis=-1)
-      self.sow(METRICS, "centroid_disagreement", masked_mean((expert_index != greedy).astype(jnp.float32),
-                                                             token_mask))
-    for name, value in losses.items():
-      self.sow(AUX_LOSS, name, value)
+      stats["centroid_disagreement"] = masked_mean((expert_index != greedy).astype(jnp.float32), token_mask)
     gate = self.policy.gate(scores, expert_index)
     if expert_index.ndim == 1:  # a top-1 policy
-      return Routing.top1(expert_index, gate)
-    return Routing(expert_index=expert_index, gate=gate)
+      expert_index, gate = expert_index[:, None], gate[:, None]
+    return Routing(expert_index=expert_index, gate=gate, losses=RouterLosses(**losses), stats=RouterStats(**stats))

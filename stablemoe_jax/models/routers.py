@@ -4,8 +4,10 @@ Every router is a Flax module called as
 ``router(h [T, d], token_ids int32 [B, S] (or [T]), in_stage1 bool scalar, deterministic bool,
 token_mask=None) -> Routing`` (T = B * S; ``deterministic`` is false only in training; ``token_mask``
 float32 [T], 1 for a real token and 0 for padding, which then counts in no loss and no metric). Its settings are the
-config section ``model.moe.<name>``; auxiliary losses are sown into ``aux_loss``
-under their own names and logged by the train step as ``aux/<name>``.
+config section ``model.moe.<name>``. Its auxiliary losses and its own metrics travel in the ``Routing`` it returns,
+as the typed records ``routing.RouterLosses`` (``Routing(..., losses=RouterLosses(balance=...))``; the train step
+adds each to the loss and logs it as ``aux/<name>``) and ``routing.RouterStats`` (logged as
+``moe/<layer>/router/<name>``).
 
 The learned routers share one module, ``learned_router.LearnedRouter``: affinities
 ``s = h E^T`` (float32) to per-expert centroids E, a *policy* that turns them
@@ -71,11 +73,11 @@ class RouterEntry:
       mean gate in (train/health.py reads it here).
     gate_scale: (settings) -> the factor on the gate's range (1 but for DeepSeek's ``routed_scale``).
     top_k: (settings) -> k, the experts each token is routed to (``Routing.expert_index [T, k]``).
-    post_update: optional (model settings) -> ``(params, metrics) -> params`` or None: applied by the train step to
-      the parameters after every optimizer update, with the step's metrics (X-MoE's centroid rescale,
-      ``cosine_routing.expert_norm_hook``; DeepSeek's bias update from the step's load,
+    post_update: optional (model settings) -> ``(params, stats) -> params`` or None: applied by the train step to
+      the parameters after every optimizer update, with the step's ``{layer path: routing.MoEStats}`` (X-MoE's
+      centroid rescale, ``cosine_routing.expert_norm_hook``; DeepSeek's bias update from each layer's ``load``,
       ``deepseek_router.bias_update_hook``).
-    losses: the names of the auxiliary losses the router may sow (logged as ``aux/<name>``).
+    losses: the ``routing.RouterLosses`` fields the router may return (logged as ``aux/<name>``).
     collapse_cures: settings of this router a collapse message suggests first, before the generic cures.
     added_settings: settings added after checkpoints were written, each at the value that reproduces those runs
       (a checkpoint whose config lacks the key restores where it has this value; ``train/checkpoint.py``).
@@ -180,8 +182,8 @@ def collapse_cures(router: str) -> tuple[str, ...]:
   return entry.collapse_cures if entry is not None else ()
 
 
-def post_update_hook(model: ModelSettings) -> Callable[[dict], dict] | None:
-  """The chosen router's ``post_update`` hook for this model (``(params, metrics) -> params``), or None: no hook, a
+def post_update_hook(model: ModelSettings) -> Callable[[dict, dict], dict] | None:
+  """The chosen router's ``post_update`` hook for this model (``(params, stats) -> params``), or None: no hook, a
   dense model, or no MoE layer. The train step applies it after every optimizer update."""
   entry = ROUTERS.get(model.moe.router)
   if not model.has_moe_layers or entry is None or entry.post_update is None:

@@ -1,44 +1,145 @@
-"""The value every router returns, and the losses routers share.
+"""The values routing returns: the :class:`Routing` every router returns (its choices, gates, losses and stats), and
+the :class:`MoEStats` record each MoE layer reports; the losses routers share.
 
-A router maps token representations ``h [T, d]`` and token ids ``[T]`` to a
-:class:`Routing`: k experts per token (k = 1 for top-1 routers) and the scalar gate applied to each chosen
-expert's output. Auxiliary losses and routing metrics are reported through
-Flax's ``sow`` into the ``aux_loss`` and ``moe_metrics`` collections, so that
-adding a routing method never changes the layer, the model or the train step.
+A router maps token representations ``h [T, d]`` and token ids ``[T]`` to a :class:`Routing`: k experts per token
+(k = 1 for top-1 routers), the scalar gate applied to each chosen expert's output, its auxiliary losses as a
+:class:`RouterLosses` and its own metrics as a :class:`RouterStats` (typed records, flaxformer's ``RouterIndices``
+with its ``auxiliary_loss`` and ``router_z_loss``). The MoE layer adds its load and health to them and sows one
+:class:`MoEStats` per layer into the ``moe_stats`` collection, which the train step reads by attribute: adding a
+routing method never changes the layer, the model or the train step.
 Shape letters: ``models/__init__.py``.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
-from flax import struct
+from flax import struct, traverse_util
 
-AUX_LOSS = "aux_loss"
-METRICS = "moe_metrics"
+# One MoEStats a MoE layer a call, sown under STATS_NAME (the train step and the routing-agreement step read it).
+STATS = "moe_stats"
+STATS_NAME = "stats"
 # Per-token routing (expert_index, gate) of every MoE layer; sown only when a caller asks (routing analysis).
 ROUTING = "routing"
 
 
+def _present(record) -> dict[str, jax.Array]:
+  """The fields of a record that are not None, in field order."""
+  return {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if getattr(record, f.name) is not None}
+
+
+@struct.dataclass
+class RouterLosses:
+  """A router's auxiliary losses, each a float32 scalar with its weight applied, None where the router has none.
+
+  The train step adds every present loss to the task loss (layer by layer, in field order) and logs each as
+  ``aux/<field>``, summed over the MoE layers. A new loss is a new field here (and its name in the registry
+  entry's ``losses``).
+
+  Attributes:
+    balance: the load-balancing loss (StableMoE's Eq. 3, Switch's ``N sum_i f_i P_i``, DeepSeek's sequence-wise).
+    z_loss: the router z-loss (ST-MoE).
+    distill: the distilled router's cross-entropy against the learned assignment (two-stage routers, stage 1).
+  """
+
+  balance: jax.Array | None = None
+  z_loss: jax.Array | None = None
+  distill: jax.Array | None = None
+
+  def present(self) -> dict[str, jax.Array]:
+    """{name: loss} of the losses this router has, in field order."""
+    return _present(self)
+
+
+@struct.dataclass
+class RouterStats:
+  """A router's own metrics, float32 scalars, None where the router has none; logged as
+  ``moe/<layer>/router/<field>``.
+
+  Attributes:
+    router_temperature: the cosine router's learned temperature tau (X-MoE).
+    distill_loss: the distilled router's unweighted cross-entropy (two-stage routers).
+    distill_accuracy: share of tokens whose distilled-router expert is the learned one.
+    centroid_disagreement: share of tokens routed elsewhere than the centroids' argmax.
+    auction_rounds: BASE's auction rounds (the most over the groups); auction_converged: 1 if every group converged.
+    bias_spread: DeepSeek's largest minus smallest expert bias; mean_affinity: its mean sigmoid affinity.
+  """
+
+  router_temperature: jax.Array | None = None
+  distill_loss: jax.Array | None = None
+  distill_accuracy: jax.Array | None = None
+  centroid_disagreement: jax.Array | None = None
+  auction_rounds: jax.Array | None = None
+  auction_converged: jax.Array | None = None
+  bias_spread: jax.Array | None = None
+  mean_affinity: jax.Array | None = None
+
+  def present(self) -> dict[str, jax.Array]:
+    """{name: value} of the metrics this router has."""
+    return _present(self)
+
+
 class Routing(struct.PyTreeNode):
-  """Top-k routing decision for T tokens (k = 1 for every top-1 router).
+  """Top-k routing decision for T tokens (k = 1 for every top-1 router), with the router's losses and stats.
 
   Attributes:
     expert_index: int32 [T, k], the experts each token is sent to, its first (highest-ranked) choice first; the
       k experts of a token are distinct.
     gate: float [T, k], the multiplier on each chosen expert's output (the MoE layer sums the k gated outputs).
+    losses: the router's auxiliary losses (none by default).
+    stats: the router's own metrics (none by default).
   """
 
   expert_index: jax.Array
   gate: jax.Array
+  losses: RouterLosses = struct.field(default_factory=RouterLosses)
+  stats: RouterStats = struct.field(default_factory=RouterStats)
 
   @property
   def top_k(self) -> int:
     return int(self.expert_index.shape[-1])
 
   @classmethod
-  def top1(cls, expert_index: jax.Array, gate: jax.Array) -> "Routing":
-    """A top-1 router's decision from expert_index [T] and gate [T]."""
-    return cls(expert_index=expert_index[:, None], gate=gate[:, None])
+  def top1(cls, expert_index: jax.Array, gate: jax.Array, **losses_and_stats) -> "Routing":
+    """A top-1 router's decision from expert_index [T] and gate [T] (``losses=``, ``stats=`` as the fields)."""
+    return cls(expert_index=expert_index[:, None], gate=gate[:, None], **losses_and_stats)
+
+
+@struct.dataclass
+class MoEStats:
+  """What one MoE layer reports for a call: its router's losses and stats, and its load and health (float32
+  scalars but ``load``). Sown once a layer (``STATS``); the train step logs ``metrics()`` as ``moe/<layer>/<name>``.
+
+  Attributes:
+    losses: the router's auxiliary losses.
+    router: the router's own metrics.
+    load: float32 [N], each expert's share of the real tokens' choices (``expert_load``).
+    dropped_fraction: share of the real tokens' choices that found no capacity slot.
+    mean_gate, low_gate_fraction, load_entropy, load_balance, max_load: ``routing_health``.
+  """
+
+  losses: RouterLosses
+  router: RouterStats
+  load: jax.Array
+  dropped_fraction: jax.Array
+  mean_gate: jax.Array
+  low_gate_fraction: jax.Array
+  load_entropy: jax.Array
+  load_balance: jax.Array
+  max_load: jax.Array
+
+  def metrics(self) -> dict[str, jax.Array]:
+    """{name under the layer: value}: the router's stats as ``router/<name>``, then the layer's own."""
+    layer = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("losses", "router")}
+    return {**{f"router/{name}": value for name, value in self.router.present().items()}, **layer}
+
+
+def layer_stats(sown) -> dict[str, MoEStats]:
+  """{layer path ("/"-joined module names, e.g. ``moe_0``; "" for a layer applied alone): its ``MoEStats``} of an
+  apply's sown collections, in the order the layers ran."""
+  flat = traverse_util.flatten_dict(sown.get(STATS, {}))
+  return {"/".join(key[:-1]): value[0] for key, value in flat.items()}
 
 
 # Which tokens' gates StableMoE's balance loss acts on, for expert i (model.moe.stablemoe.balance_scope).
@@ -129,7 +230,7 @@ LOW_GATE = 0.01  # a token whose gate is below this gets (almost) nothing from i
 
 def routing_health(expert_index: jax.Array, gate: jax.Array, num_experts: int,
                    weights: jax.Array | None = None) -> dict[str, jax.Array]:
-  """Health of one layer's routing of T tokens: float32 scalars, each sown as a metric by the MoE layer.
+  """Health of one layer's routing of T tokens: float32 scalars, fields of the layer's :class:`MoEStats`.
 
   Args:
     expert_index: int32 [T] or [T, k], the expert(s) of each token (the load counts every choice).

@@ -17,7 +17,7 @@ from stablemoe_jax.analysis.report import global_inputs
 from stablemoe_jax.analysis.routes import analysis_model, make_sample_router
 from stablemoe_jax.commands import declined as declined_command
 from stablemoe_jax.experiment import loop
-from stablemoe_jax.models.routing import METRICS, ROUTING
+from stablemoe_jax.models.routing import ROUTING, STATS, layer_stats
 
 
 def test_counts_of_a_hand_made_batch():
@@ -89,9 +89,8 @@ def _reference(exp, params, batches):
     inputs = global_inputs(exp.view(), batch)
     train, inference = sample_router(params, inputs, True)
     _, sown = model.apply({"params": params}, *inputs, jnp.array(True), deterministic=False,
-                          rngs={"dropout": jax.random.key(0)}, mutable=[METRICS, ROUTING])
-    metric = lambda name: [v for k, v in jax.tree_util.tree_flatten_with_path(sown[METRICS])[0]
-                           if name in jax.tree_util.keystr(k)][0]
+                          rngs={"dropout": jax.random.key(0)}, mutable=[STATS, ROUTING])
+    metric = lambda name: getattr(layer_stats(sown)["moe_0"], name)
     first_gates.append(np.asarray(jax.tree_util.tree_leaves(sown[ROUTING]["moe_0"]["gate"])[0]))
     n = int((np.asarray(batch["weights"]) > 0).sum())
     assert n == batch["weights"].size  # full batches: the metric's weighted mean is a plain mean

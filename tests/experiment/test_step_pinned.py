@@ -16,13 +16,13 @@ import pytest
 
 from stablemoe_jax.core.settings import RunSettings, TrainSettings
 from stablemoe_jax.experiment.step import make_eval_step, make_routing_agreement_step, make_train_step
-from stablemoe_jax.models.routing import AUX_LOSS, METRICS
+from stablemoe_jax.models.routing import STATS, STATS_NAME, MoEStats, RouterLosses, RouterStats
 from stablemoe_jax.train.state import TrainState
 
 W0 = 2.0
 BALANCE = (0.5, 1.5)  # per layer: balance loss = c * w, so its sum over layers is 2.0 * w
 Z_LOSS = 0.25  # layer 0 only: z_loss = 0.25 * w^2
-ACCURACY = (0.25, 0.75)  # distill_accuracy sown by each layer (mean 0.5)
+ACCURACY = (0.25, 0.75)  # each layer's router's distill_accuracy (mean 0.5)
 
 
 class _Layer(nn.Module):
@@ -32,16 +32,17 @@ class _Layer(nn.Module):
 
   @nn.compact
   def __call__(self, w):
-    self.sow(AUX_LOSS, "balance", self.balance * w)
-    if self.z_loss:
-      self.sow(AUX_LOSS, "z_loss", self.z_loss * w * w)
-    self.sow(METRICS, "distill_accuracy", jnp.asarray(self.accuracy, jnp.float32))
-    self.sow(METRICS, "gate", w)
+    losses = RouterLosses(balance=self.balance * w, z_loss=self.z_loss * w * w if self.z_loss else None)
+    zero = jnp.zeros(())
+    self.sow(STATS, STATS_NAME, MoEStats(
+        losses=losses, router=RouterStats(distill_accuracy=jnp.asarray(self.accuracy, jnp.float32)),
+        load=jnp.ones((2,)) / 2, dropped_fraction=zero, mean_gate=w, low_gate_fraction=zero, load_entropy=zero,
+        load_balance=zero, max_load=zero))
     return w
 
 
 class _TinyModel(nn.Module):
-  """``x [B] -> logits [B] = w * x``; layers moe_0 and moe_1 sow their losses and metrics."""
+  """``x [B] -> logits [B] = w * x``; layers moe_0 and moe_1 sow their stats (losses and metrics)."""
 
   sow_accuracy: bool = True
 
@@ -102,9 +103,9 @@ def test_train_step_loss_parts_gradient_and_update_by_hand():
   np.testing.assert_allclose(float(metrics["learning_rate"]), 0.05, rtol=1e-6)
   assert int(metrics["stage"]) == 1 and int(state.step) == 2
   # Each layer's metrics under its own path, not summed.
-  np.testing.assert_allclose(float(metrics["moe/moe_0/distill_accuracy"]), 0.25)
-  np.testing.assert_allclose(float(metrics["moe/moe_1/distill_accuracy"]), 0.75)
-  np.testing.assert_allclose(float(metrics["moe/moe_1/gate"]), 2.0)
+  np.testing.assert_allclose(float(metrics["moe/moe_0/router/distill_accuracy"]), 0.25)
+  np.testing.assert_allclose(float(metrics["moe/moe_1/router/distill_accuracy"]), 0.75)
+  np.testing.assert_allclose(float(metrics["moe/moe_1/mean_gate"]), 2.0)
   assert sorted(k for k in metrics if k.startswith("aux/")) == ["aux/balance", "aux/z_loss"]
 
 

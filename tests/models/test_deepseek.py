@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from types import SimpleNamespace
 from tests.conftest import jit_init
 
 from configs import default
@@ -15,7 +16,7 @@ from stablemoe_jax.core.settings import DeepSeekSettings, ModelSettings, MoESett
 from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models import deepseek_router, routers
 from stablemoe_jax.models.moe import make_moe_layer
-from stablemoe_jax.models.routing import METRICS, routing_health
+from stablemoe_jax.models.routing import STATS, layer_stats, routing_health
 
 D, FF, E, SUB, VOCAB = 8, 16, 4, 2, 11
 
@@ -132,9 +133,8 @@ def test_no_path_gives_the_bias_a_gradient():
   assert np.all(np.asarray(params["moe_0"]["router"]["expert_bias"]) != 0)
 
   def losses(params):
-    out, sown = model.apply({"params": params}, batch["x"], jnp.array(True), deterministic=False,
-                            mutable=["aux_loss", METRICS])
-    return jnp.stack([_SquaredErrorTask().train_loss(out, batch), sown["aux_loss"]["moe_0"]["router"]["balance"][0]])
+    out, sown = model.apply({"params": params}, batch["x"], jnp.array(True), deterministic=False, mutable=[STATS])
+    return jnp.stack([_SquaredErrorTask().train_loss(out, batch), layer_stats(sown)["moe_0"].losses.balance])
 
   grads = jax.jit(jax.jacrev(losses))(params)["moe_0"]["router"]  # [2, ...]: the task loss's, the balance loss's
   for part in (0, 1):
@@ -188,8 +188,8 @@ def test_gates_and_balance_loss_keep_a_finite_gradient_when_the_affinities_under
   params = {"centroids": jnp.asarray([[-30.0, -30.0], [-30.5, -30.5]]), "expert_bias": jnp.zeros(2)}
 
   def loss(params):
-    routing, sown = router.apply({"params": params}, h, ids, jnp.array(True), mutable=["aux_loss"])
-    return jnp.sum(routing.gate * jnp.asarray([1.0, 2.0])) + sown["aux_loss"]["balance"][0], routing
+    routing = router.apply({"params": params}, h, ids, jnp.array(True))
+    return jnp.sum(routing.gate * jnp.asarray([1.0, 2.0])) + routing.losses.balance, routing
 
   (value, routing), grads = jax.value_and_grad(loss, has_aux=True)(params)
   e = np.exp(-1.0)
@@ -222,7 +222,10 @@ def test_bias_update_over_three_steps_by_hand():
   loads = [[0.4, 0.3, 0.2, 0.1], [0.25, 0.25, 0.1, 0.4], [0.1, 0.5, 0.2, 0.2]]
   bias, other = np.zeros(E), np.full(E, 0.5)
   for load in loads:
-    params = hook(params, {"moe/moe_0/load": jnp.asarray(load), "moe/encoder_moe_1/load": jnp.asarray(load[::-1])})
+    # The hook reads each layer's MoEStats.load only.
+    stats = {"moe_0": SimpleNamespace(load=jnp.asarray(load)),
+             "encoder_moe_1": SimpleNamespace(load=jnp.asarray(load[::-1]))}
+    params = hook(params, stats)
     for b, l in ((bias, load), (other, load[::-1])):
       for i in range(E):  # by hand: up by 0.01 below the mean load (0.25), down above it, unchanged on it
         b[i] += 0.01 if l[i] < 0.25 else (-0.01 if l[i] > 0.25 else 0.0)

@@ -12,7 +12,7 @@ from configs import default
 from stablemoe_jax.experiment.config_validation import ConfigError, check_backend, validate_config
 from stablemoe_jax.experiment.step import token_nll
 from stablemoe_jax.models.moe import SHUFFLE_RNG
-from stablemoe_jax.models.routing import AUX_LOSS, METRICS
+from stablemoe_jax.models.routing import STATS, layer_stats
 from stablemoe_jax.models.transformer import TransformerLM, attention_implementation
 from stablemoe_jax.core.settings import ModelSettings, typed
 
@@ -66,8 +66,8 @@ def _loss_and_grads(config, params):
     rng = jax.random.key(3)
     output, sown = model.apply({"params": params}, tokens, jnp.array(True), deterministic=False,
                                rngs={"dropout": rng, SHUFFLE_RNG: jax.random.fold_in(rng, 1)},
-                               mutable=[AUX_LOSS, METRICS])
-    aux = sum(jax.tree.leaves(sown[AUX_LOSS]))
+                               mutable=[STATS])
+    aux = sum(jax.tree.leaves([stats.losses for stats in layer_stats(sown).values()]))
     return jnp.mean(token_nll(output.logits(), jnp.roll(tokens, -1, axis=1))) + aux
 
   return jax.jit(jax.value_and_grad(loss_fn))(params)
@@ -99,7 +99,7 @@ def test_bfloat16_model_keeps_float32_params_router_logits_logits_and_losses():
   rng = jax.random.key(3)
   apply = jax.jit(lambda params, tokens: model.apply(
       {"params": params}, tokens, jnp.array(True), deterministic=False, rngs={"dropout": rng, SHUFFLE_RNG: rng},
-      mutable=[AUX_LOSS, METRICS, "intermediates"], capture_intermediates=True))
+      mutable=[STATS, "intermediates"], capture_intermediates=True))
   output, state = apply(params, _tokens())
   logits = output.logits()
   assert output.hidden.dtype == jnp.bfloat16 and output.embedding.dtype == jnp.float32
@@ -110,7 +110,7 @@ def test_bfloat16_model_keeps_float32_params_router_logits_logits_and_losses():
   assert router["__call__"][0].gate.dtype == jnp.float32
   assert router["distilled_router"]["__call__"][0].dtype == jnp.float32  # the distilled router's logits
   assert inter["block_0"]["__call__"][0].dtype == jnp.bfloat16  # the blocks do compute in bfloat16
-  losses = jax.tree.leaves(state[AUX_LOSS])
+  losses = jax.tree.leaves([stats.losses for stats in layer_stats(state).values()])
   assert losses and all(x.dtype == jnp.float32 for x in losses)
   assert token_nll(logits, _tokens()).dtype == jnp.float32
 

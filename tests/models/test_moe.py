@@ -12,7 +12,7 @@ from stablemoe_jax.models import buffers as buffers_lib
 from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.core.settings import DistilledRouterSettings, MoESettings, ModelSettings, typed
 from stablemoe_jax.models.moe import make_moe_layer
-from stablemoe_jax.models.routing import stablemoe_balance_loss
+from stablemoe_jax.models.routing import STATS, layer_stats, stablemoe_balance_loss
 from stablemoe_jax.models.stablemoe_router import StableMoERouter
 
 D, FF, E, SUB, VOCAB = 8, 16, 4, 2, 11
@@ -119,13 +119,14 @@ def test_capacity_overflow_passes_tokens_through():
   # A huge centroid 0 along the all-ones direction and inputs pushed along it: every token picks expert 0.
   params["router"]["centroids"] = jnp.zeros((E, D)).at[0].set(10.0)
   x = jnp.abs(x) + 1.0
-  out, sown = layer.apply({"params": params}, x, ids, jnp.array(True), deterministic=False, mutable=["moe_metrics"])
+  out, sown = layer.apply({"params": params}, x, ids, jnp.array(True), deterministic=False, mutable=[STATS])
   out, x = np.asarray(out).reshape(16, D), np.asarray(x).reshape(16, D)
   capacity = 4  # capacity factor 1: 16 tokens / 4 experts
   assert not np.allclose(out[:capacity], x[:capacity])  # the first four were served by expert 0
   np.testing.assert_array_equal(out[capacity:], x[capacity:])  # the other twelve passed through unchanged
-  assert float(sown["moe_metrics"]["dropped_fraction"][0]) == pytest.approx(12 / 16)
-  np.testing.assert_allclose(sown["moe_metrics"]["load"][0], [1.0, 0, 0, 0])
+  stats = layer_stats(sown)[""]
+  assert float(stats.dropped_fraction) == pytest.approx(12 / 16)
+  np.testing.assert_allclose(stats.load, [1.0, 0, 0, 0])
 
 
 def test_stage2_routes_by_distilled_argmax_and_gates_with_original_centroids():
@@ -179,20 +180,19 @@ def test_distillation_loss_hand_computed_and_only_trains_the_distilled_router():
   }
   # distilled logits: token 0 -> [1, 2], token 1 (id 2) -> [3, -1]; targets 0 and 1.
   want = 0.5 * ((np.log(np.exp(1) + np.exp(2)) - 1) + (np.log(np.exp(3) + np.exp(-1)) + 1))
-  _, sown = router.apply({"params": params}, h, ids, jnp.array(True), mutable=["aux_loss", "moe_metrics"])
-  assert float(sown["aux_loss"]["distill"][0]) == pytest.approx(want, rel=1e-6)
-  assert float(sown["moe_metrics"]["distill_accuracy"][0]) == 0.0  # distilled picks 1 then 0
+  routing = router.apply({"params": params}, h, ids, jnp.array(True))
+  assert float(routing.losses.distill) == pytest.approx(want, rel=1e-6)
+  assert float(routing.stats.distill_accuracy) == 0.0  # distilled picks 1 then 0
 
   def distill_loss(params, h):
-    _, sown = router.apply({"params": params}, h, ids, jnp.array(True), mutable=["aux_loss"])
-    return sown["aux_loss"]["distill"][0]
+    return router.apply({"params": params}, h, ids, jnp.array(True)).losses.distill
 
   grad_params, grad_h = jax.grad(distill_loss, argnums=(0, 1))(params, h)
   assert np.all(np.asarray(grad_h) == 0) and np.all(np.asarray(grad_params["centroids"]) == 0)
   assert np.any(np.asarray(grad_params["distilled_router"]["embedding"]) != 0)
   # In stage 2 neither aux loss contributes.
-  _, sown2 = router.apply({"params": params}, h, ids, jnp.array(False), mutable=["aux_loss"])
-  assert float(sown2["aux_loss"]["distill"][0]) == 0.0 and float(sown2["aux_loss"]["balance"][0]) == 0.0
+  stage2 = router.apply({"params": params}, h, ids, jnp.array(False)).losses
+  assert float(stage2.distill) == 0.0 and float(stage2.balance) == 0.0
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -1,12 +1,11 @@
-"""The router registry: no router name branched on outside models/, the sown losses it names, the post-update hook."""
-from flax import traverse_util
+"""The router registry: no router name branched on outside models/, the losses it names, the post-update hook."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from stablemoe_jax.core.settings import ModelSettings, typed
 from stablemoe_jax.models import routers
-from stablemoe_jax.models.routing import AUX_LOSS
+from stablemoe_jax.models.routing import STATS, layer_stats
 from tests.models.topk_reference import init_layer, moe_config
 
 
@@ -32,13 +31,13 @@ def test_nothing_outside_models_branches_on_a_router_name():
 
 @pytest.mark.parametrize("router, settings", [("stablemoe", {}), ("switch", {"top_k": 2, "z_loss_weight": 1e-3}),
                                               ("hash", {})])
-def test_sown_losses_are_those_the_registry_names(router, settings):
+def test_returned_losses_are_those_the_registry_names(router, settings):
   cfg = moe_config(router=router)
   for key, value in settings.items():
     cfg[router][key] = value
   layer, params, x, ids = init_layer(cfg)
-  _, sown = layer.apply({"params": params}, x, ids, jnp.array(True), deterministic=False, mutable=[AUX_LOSS])
-  names = {key[-1] for key in traverse_util.flatten_dict(sown.get(AUX_LOSS, {}))}
+  _, sown = layer.apply({"params": params}, x, ids, jnp.array(True), deterministic=False, mutable=[STATS])
+  names = set(layer_stats(sown)[""].losses.present())
   assert names <= set(routers.ROUTERS[router].losses)
   assert ("balance" in names) == (router != "hash")
 

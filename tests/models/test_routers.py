@@ -32,7 +32,7 @@ from tests.conftest import MAIN, REPO
 
 def apply_router(router, params, h, ids, stage1=True, deterministic=False, rng=0):
   return router.apply({"params": params}, h, ids, jnp.array(stage1), deterministic,
-                      rngs={"dropout": jax.random.key(rng)}, mutable=["aux_loss", "moe_metrics"])
+                      rngs={"dropout": jax.random.key(rng)})
 
 
 # --- Switch ------------------------------------------------------------------------------------------------------
@@ -42,7 +42,7 @@ def test_switch_assignment_gate_and_balance_loss_hand_computed():
   h = jnp.array([[2.0, 0.0], [1.0, 0.0], [0.0, 1.0], [3.0, 1.0]])
   router = LearnedRouter(num_experts=2, policy=SwitchSoftmax(balance_weight=0.5, z_loss_weight=0.1), centroid_gain=0.0)
   params = {"centroids": jnp.eye(2)}
-  routing, sown = apply_router(router, params, h, jnp.zeros(4, jnp.int32))
+  routing = apply_router(router, params, h, jnp.zeros(4, jnp.int32))
   np.testing.assert_array_equal(routing.expert_index[:, 0], [0, 0, 1, 0])
   p = lambda a, b: np.exp(a) / (np.exp(a) + np.exp(b))
   probs0 = np.array([p(2, 0), p(1, 0), p(0, 1), p(3, 1)])  # P(expert 0) per token
@@ -50,25 +50,25 @@ def test_switch_assignment_gate_and_balance_loss_hand_computed():
   # f = (3/4, 1/4); P = mean probs; loss = 0.5 * N * sum f_i P_i.
   mean0 = probs0.mean()
   want = 0.5 * 2 * (0.75 * mean0 + 0.25 * (1 - mean0))
-  assert float(sown["aux_loss"]["balance"][0]) == pytest.approx(want, rel=1e-6)
+  assert float(routing.losses.balance) == pytest.approx(want, rel=1e-6)
   lse = np.log(np.exp(h).sum(-1))
-  assert float(sown["aux_loss"]["z_loss"][0]) == pytest.approx(0.1 * np.mean(lse**2), rel=1e-6)
+  assert float(routing.losses.z_loss) == pytest.approx(0.1 * np.mean(lse**2), rel=1e-6)
   # A uniform router gives the balance loss its minimum, the weight itself.
-  _, uniform = apply_router(router, {"centroids": jnp.zeros((2, 2))}, h, jnp.zeros(4, jnp.int32))
-  assert float(uniform["aux_loss"]["balance"][0]) == pytest.approx(0.5)
+  uniform = apply_router(router, {"centroids": jnp.zeros((2, 2))}, h, jnp.zeros(4, jnp.int32))
+  assert float(uniform.losses.balance) == pytest.approx(0.5)
 
 
 def test_switch_jitter_only_in_training_and_z_loss_off_by_default():
   h = jax.random.normal(jax.random.key(0), (64, 8))
   router = LearnedRouter(num_experts=4, policy=SwitchSoftmax(), centroid_gain=0.0, jitter=0.5)
   params = router.init(jax.random.key(1), h, jnp.zeros(64, jnp.int32), jnp.array(True))["params"]
-  train_a, sown = apply_router(router, params, h, None, rng=1)
-  train_b, _ = apply_router(router, params, h, None, rng=2)
-  evaluation, _ = apply_router(router, params, h, None, deterministic=True)
+  train_a = apply_router(router, params, h, None, rng=1)
+  train_b = apply_router(router, params, h, None, rng=2)
+  evaluation = apply_router(router, params, h, None, deterministic=True)
   assert not np.allclose(train_a.gate[:, 0], train_b.gate[:, 0])  # the noise differs per rng ...
   scores = np.asarray(h) @ np.asarray(params["centroids"]).T
   np.testing.assert_allclose(evaluation.gate[:, 0], jax.nn.softmax(scores).max(-1), rtol=1e-5)  # ... and is off at eval
-  assert set(sown["aux_loss"]) == {"balance"}
+  assert set(train_a.losses.present()) == {"balance"}
 
 
 # --- auxiliary losses: values and gradients through the router, against numpy closed forms ------------------------
@@ -85,10 +85,9 @@ def randomized_like(params, seed=5):
 
 
 def _router_loss_grads(router, params, h, ids, name):
-  """d aux_loss[name] / d(centroids, h) through the whole router call (as the train step differentiates it)."""
+  """d losses.<name> / d(centroids, h) through the whole router call (as the train step differentiates it)."""
   def loss(centroids, h):
-    _, sown = apply_router(router, {**params, "centroids": centroids}, h, ids)
-    return sown["aux_loss"][name][0]
+    return getattr(apply_router(router, {**params, "centroids": centroids}, h, ids).losses, name)
   return jax.value_and_grad(loss, argnums=(0, 1))(params["centroids"], h)
 
 
@@ -161,14 +160,14 @@ def test_distillation_loss_is_weighted_by_distill_weight(router_name):
   h = jax.random.normal(jax.random.key(0), (tokens, d))
   ids = jax.random.randint(jax.random.key(1), (tokens,), 0, vocab)
   params = randomized_like(router.init(jax.random.key(2), h, ids, jnp.array(True))["params"])
-  _, sown = apply_router(router, params, h, ids, deterministic=True)
+  routing = apply_router(router, params, h, ids, deterministic=True)
   distilled = jax.tree.map(lambda a: np.asarray(a, np.float64), params["distilled_router"])
   logits = distilled["embedding"][np.asarray(ids)] @ distilled["centroids"].T
   target = np.argmax(np.asarray(h, np.float64) @ np.asarray(params["centroids"], np.float64).T, axis=-1)
   log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   cross_entropy = -np.mean(log_probs[np.arange(tokens), target])
-  assert float(sown["aux_loss"]["distill"][0]) == pytest.approx(weight * cross_entropy, rel=1e-5)
-  assert float(sown["moe_metrics"]["distill_loss"][0]) == pytest.approx(cross_entropy, rel=1e-5)  # unweighted
+  assert float(routing.losses.distill) == pytest.approx(weight * cross_entropy, rel=1e-5)
+  assert float(routing.stats.distill_loss) == pytest.approx(cross_entropy, rel=1e-5)  # unweighted
 
 
 # --- BASE --------------------------------------------------------------------------------------------------------
@@ -204,13 +203,13 @@ def test_base_balanced_on_random_inputs_with_groups_greedy_at_inference_sigmoid_
   router = LearnedRouter(num_experts=8, policy=BalancedAssignment(num_groups=2), centroid_gain=0.1)
   params = router.init(jax.random.key(1), h, None, jnp.array(True))["params"]
   params = {"centroids": params["centroids"] * 20 + jnp.arange(8.0)[:, None] * 0.3}  # skewed: greedy unbalanced
-  routing, sown = apply_router(router, params, h, None)
+  routing = apply_router(router, params, h, None)
   for group in np.asarray(routing.expert_index[:, 0]).reshape(2, 96):
     np.testing.assert_array_equal(np.bincount(group, minlength=8), 12)
   scores = np.asarray(h) @ np.asarray(params["centroids"]).T
   np.testing.assert_allclose(routing.gate[:, 0], 1 / (1 + np.exp(-scores[np.arange(192), routing.expert_index[:, 0]])), rtol=1e-5)
-  assert "aux_loss" not in sown and float(sown["moe_metrics"]["auction_converged"][0]) == 1.0
-  inference, _ = apply_router(router, params, h, None, deterministic=True)
+  assert routing.losses.present() == {} and float(routing.stats.auction_converged) == 1.0
+  inference = apply_router(router, params, h, None, deterministic=True)
   greedy = np.argmax(scores, -1)
   np.testing.assert_array_equal(inference.expert_index[:, 0], greedy)
   assert np.bincount(greedy, minlength=8).max() > 24  # so the balanced assignment above did real work
@@ -226,10 +225,10 @@ def test_hash_is_deterministic_per_seed_gate_one_no_loss():
             [(0, 0), (0, 1), (1, 0)]]
   np.testing.assert_array_equal(tables[0], tables[1])  # the init key does not matter, the seed does
   assert not np.array_equal(tables[0], tables[2])
-  routing, sown = apply_router(make(0), {"table": tables[0]}, h, ids)
+  routing = apply_router(make(0), {"table": tables[0]}, h, ids)
   np.testing.assert_array_equal(routing.expert_index[:, 0], np.asarray(tables[0], int))
   np.testing.assert_array_equal(routing.gate[:, 0], 1.0)
-  assert "aux_loss" not in sown
+  assert routing.losses.present() == {}
 
 
 def test_balanced_hash_table_bin_packs_by_frequency():

@@ -34,7 +34,7 @@ def _sigmoid(x):
 
 def _apply(router, params, h, ids=None, stage1=True):
   ids = jnp.zeros(h.shape[0], jnp.int32) if ids is None else ids
-  return router.apply({"params": params}, h, ids, jnp.array(stage1), False, mutable=["aux_loss", "moe_metrics"])
+  return router.apply({"params": params}, h, ids, jnp.array(stage1), False)
 
 
 # --- the expert bias init ----------------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def test_cosine_routing_scores_gate_and_assignment_against_numpy(cosine_dim):
   params = router.init(jax.random.key(1), h, jnp.zeros(12, jnp.int32), jnp.array(True))["params"]
   assert float(params["logit_scale"]) == pytest.approx(np.log(4.0))  # log(1 / tau), tau = 0.25
   assert params["centroids"].shape == (E, cosine_dim or D)
-  routing, sown = _apply(router, params, h)
+  routing = _apply(router, params, h)
   x = np.asarray(h, np.float64)
   if cosine_dim:
     x = x @ np.asarray(params["cosine_projection"]["kernel"], np.float64)
@@ -105,12 +105,12 @@ def test_cosine_routing_scores_gate_and_assignment_against_numpy(cosine_dim):
   scores = cos * 4.0
   np.testing.assert_array_equal(routing.expert_index[:, 0], scores.argmax(-1))
   np.testing.assert_allclose(routing.gate[:, 0], _sigmoid(scores.max(-1)), rtol=1e-5)
-  assert float(sown["moe_metrics"]["router_temperature"][0]) == pytest.approx(0.25)
+  assert float(routing.stats.router_temperature) == pytest.approx(0.25)
   # The balance loss acts on these scores: the learned temperature gets a gradient.
-  grads = jax.grad(lambda p: _apply(router, p, h)[1]["aux_loss"]["balance"][0])(params)
+  grads = jax.grad(lambda p: _apply(router, p, h).losses.balance)(params)
   assert float(grads["logit_scale"]) != 0.0
   # 1 / tau is clipped at cosine_routing.MAX_LOGIT_SCALE.
-  clipped, _ = _apply(router, {**params, "logit_scale": jnp.array(10.0)}, h)
+  clipped = _apply(router, {**params, "logit_scale": jnp.array(10.0)}, h)
   np.testing.assert_allclose(clipped.gate[:, 0], _sigmoid(cos.max(-1) * cosine_routing.MAX_LOGIT_SCALE), rtol=1e-4)
 
 
@@ -131,13 +131,13 @@ def test_dot_product_stablemoe_router_is_the_router_before_the_new_keys_bit_for_
     router = routers.make_router(typed(MoESettings, section), vocab_size=50)
     params = router.init(jax.random.key(2), h, ids, jnp.array(True))["params"]
     results.append((params, _apply(router, params, h, ids)))
-  (p_new, (r_new, s_new)), (p_old, (r_old, s_old)) = results
+  (p_new, r_new), (p_old, r_old) = results
   assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), p_new, p_old))
   assert set(p_new) == {"centroids", "distilled_router"}
   np.testing.assert_array_equal(r_new.gate[:, 0], r_old.gate[:, 0])
   np.testing.assert_array_equal(r_new.expert_index[:, 0], r_old.expert_index[:, 0])
-  assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), s_new, s_old))
-  assert "z_loss" not in s_new["aux_loss"] and "router_temperature" not in s_new["moe_metrics"]
+  assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), r_new, r_old))  # losses, stats too
+  assert r_new.losses.z_loss is None and r_new.stats.router_temperature is None
 
 
 # --- the routers' own optimizer settings -------------------------------------------------------------------------

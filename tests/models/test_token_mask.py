@@ -14,7 +14,7 @@ from tests.models.test_moe import D, E, FF, SUB, VOCAB, moe_config, per_token_re
 
 from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models.moe import make_moe_layer
-from stablemoe_jax.models.routing import AUX_LOSS, METRICS, expert_load, routing_health, stablemoe_balance_loss
+from stablemoe_jax.models.routing import STATS, expert_load, layer_stats, routing_health, stablemoe_balance_loss
 from stablemoe_jax.models.seq2seq import PAD_ID, TransformerSeq2Seq
 from stablemoe_jax.models.switch_router import switch_balance_loss
 from stablemoe_jax.core.settings import MoESettings, ModelSettings, typed
@@ -76,7 +76,7 @@ def test_moe_layer_with_padding_against_the_per_token_loop_of_its_real_tokens():
   params = randomized(nn.unbox(jit_init(layer, 2, x, ids, jnp.array(True))["params"]))
   mask = jnp.asarray([[False, False, False, True, True, True], [False, True, True, True, True, True]])
   stage1 = jnp.array(True)
-  out, sown = layer.apply({"params": params}, x, ids, stage1, False, token_mask=mask, mutable=[METRICS, AUX_LOSS])
+  out, sown = layer.apply({"params": params}, x, ids, stage1, False, token_mask=mask, mutable=[STATS])
   real = np.asarray(mask).reshape(-1)
   flat_x, flat_ids = np.asarray(x).reshape(-1, D), np.asarray(ids).reshape(-1)
   capacity = capacity_lib.expert_capacity(12, E, 0.66)
@@ -87,14 +87,14 @@ def test_moe_layer_with_padding_against_the_per_token_loop_of_its_real_tokens():
   np.testing.assert_array_equal(got[~real], flat_x[~real])  # padding passes unchanged
   # The layer's losses and metrics are those of the real tokens alone.
   alone_out, alone = layer.apply({"params": params}, jnp.asarray(flat_x[real])[None], jnp.asarray(flat_ids[real])[None],
-                                 stage1, False, mutable=[METRICS, AUX_LOSS])
+                                 stage1, False, mutable=[STATS])
   got_leaves, want_leaves = (jax.tree_util.tree_leaves_with_path(tree) for tree in (sown, alone))
   assert [path for path, _ in got_leaves] == [path for path, _ in want_leaves]
   assert len(got_leaves) >= 10  # load, drops, health, balance and distillation losses, ...
   for (path, value), (_, want_value) in zip(got_leaves, want_leaves):
     np.testing.assert_allclose(value, want_value, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
   dropped = np.mean(got[real] == flat_x[real], axis=-1) == 1.0
-  np.testing.assert_allclose(sown[METRICS]["dropped_fraction"][0], dropped.mean(), atol=1e-6)
+  np.testing.assert_allclose(layer_stats(sown)[""].dropped_fraction, dropped.mean(), atol=1e-6)
 
 
 @pytest.mark.slow  # ~21 s on 2 cores (compiles the encoder-decoder twice)
@@ -108,13 +108,13 @@ def test_translation_moe_metrics_do_not_change_with_the_amount_of_padding():
   def metrics(extra):
     padded_source = jnp.pad(source, ((0, 0), (0, extra)), constant_values=PAD_ID)
     padded_target = jnp.pad(target, ((0, 0), (0, extra)), constant_values=PAD_ID)
-    _, sown = model.apply({"params": params}, padded_source, padded_target, jnp.array(True), mutable=[METRICS, AUX_LOSS])
+    _, sown = model.apply({"params": params}, padded_source, padded_target, jnp.array(True), mutable=[STATS])
     return jax.device_get(sown)
 
   short, long = (jax.tree_util.tree_leaves_with_path(metrics(extra)) for extra in (0, 6))
   paths = [jax.tree_util.keystr(path) for path, _ in short]
   assert paths == [jax.tree_util.keystr(path) for path, _ in long]
   assert any("encoder_moe" in p and "load_balance" in p for p in paths)
-  assert any("decoder_moe" in p and "balance" in p and AUX_LOSS in p for p in paths)
+  assert any("decoder_moe" in p and ".losses.balance" in p for p in paths)
   for path, (_, value), (_, want) in zip(paths, long, short):
     np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-7, err_msg=path)

@@ -11,7 +11,7 @@ from stablemoe_jax.core.settings import MoESettings, typed
 from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models import routers
 from stablemoe_jax.models.moe import make_moe_layer
-from stablemoe_jax.models.routing import AUX_LOSS, METRICS, ROUTING
+from stablemoe_jax.models.routing import ROUTING, STATS, layer_stats
 from stablemoe_jax.models.switch_router import SwitchSoftmax, switch_balance_loss
 from tests.models.topk_reference import D, E, FF, SUB, VOCAB, hand_topk_layer, init_layer, moe_config, np_ffn_stack
 
@@ -95,7 +95,7 @@ def test_top2_layer_matches_the_hand_loop(capacity_factor, num_groups, dispatche
   cfg = moe_config(capacity_factor=capacity_factor, num_groups=num_groups, dispatcher=dispatcher)
   layer, params, x, ids = init_layer(cfg)
   got, sown = layer.apply({"params": params}, x, ids, jnp.array(True), deterministic=False,
-                          mutable=[METRICS, AUX_LOSS, ROUTING])
+                          mutable=[STATS, ROUTING])
   group = 24 // num_groups
   capacity = capacity_lib.expert_capacity(group, E, capacity_factor, top_k=2)  # ceil(cf * 2 * Tg / E), <= Tg
   assert capacity == (group if capacity_factor in (0.0, 2.0) else math.ceil(0.75 * 2 * group / E))
@@ -103,10 +103,10 @@ def test_top2_layer_matches_the_hand_loop(capacity_factor, num_groups, dispatche
                                                num_groups)
   assert capacity == group or not kept.all()  # below Tg slots some choices are dropped: capacity counts choices
   np.testing.assert_allclose(np.asarray(got).reshape(24, D), want, rtol=2e-4, atol=2e-4)
-  metrics, routing = sown[METRICS], sown[ROUTING]
-  np.testing.assert_allclose(metrics["dropped_fraction"][0], 1 - kept.mean(), rtol=1e-6)
-  np.testing.assert_allclose(metrics["load"][0], np.bincount(choices.reshape(-1), minlength=E) / 48, rtol=1e-6)
-  np.testing.assert_allclose(metrics["mean_gate"][0], gates.max(-1).mean(), rtol=1e-5)  # each token's largest gate
+  stats, routing = layer_stats(sown)[""], sown[ROUTING]
+  np.testing.assert_allclose(stats.dropped_fraction, 1 - kept.mean(), rtol=1e-6)
+  np.testing.assert_allclose(stats.load, np.bincount(choices.reshape(-1), minlength=E) / 48, rtol=1e-6)
+  np.testing.assert_allclose(stats.mean_gate, gates.max(-1).mean(), rtol=1e-5)  # each token's largest gate
   np.testing.assert_array_equal(routing["expert_index"][0], choices[:, 0])
   np.testing.assert_array_equal(routing["expert_choices"][0], choices)
   np.testing.assert_allclose(routing["gate_choices"][0], gates, rtol=1e-5)

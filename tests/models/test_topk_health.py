@@ -2,7 +2,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from stablemoe_jax.models.routing import METRICS
+from stablemoe_jax.models.routing import STATS, layer_stats
 from stablemoe_jax.core.settings import from_config
 from tests.models.topk_reference import D, E, init_layer, moe_config
 
@@ -44,9 +44,9 @@ def test_planted_collapse_of_a_top2_layer_is_caught_from_its_own_metrics():
   layer, params, x, ids = init_layer(cfg)
   x = jnp.abs(x) + 1.0
   params["router"]["centroids"] = jnp.zeros((E, D)).at[0].set(10.0).at[1].set(9.0)
-  _, sown = layer.apply({"params": params}, x, ids, jnp.array(True), deterministic=False, mutable=[METRICS])
-  window = {f"moe/moe_0/{name}": np.asarray(value[0]).tolist()
-            for name, value in sown[METRICS].items() if name in (*health.HEALTH_METRICS, "load")}
+  _, sown = layer.apply({"params": params}, x, ids, jnp.array(True), deterministic=False, mutable=[STATS])
+  window = {f"moe/moe_0/{name}": np.asarray(value).tolist()
+            for name, value in layer_stats(sown)[""].metrics().items() if name in (*health.HEALTH_METRICS, "load")}
   np.testing.assert_allclose(window["moe/moe_0/load"], [0.5, 0.5, 0, 0])
   settings = _guard_settings(router="switch", num_experts=E, **{"switch.top_k": 2})
   guard = health.CollapseGuard(settings, start_step=10)

@@ -13,7 +13,7 @@ from tests.mt_fixtures import tiny_model_config
 
 from configs import mt_cpu
 
-from stablemoe_jax.models.routing import METRICS, ROUTING
+from stablemoe_jax.models.routing import ROUTING, STATS, layer_stats
 from stablemoe_jax.models.seq2seq import CACHE, TransformerSeq2Seq, empty_decode_cache
 from stablemoe_jax.core.settings import ModelSettings, typed
 
@@ -114,7 +114,7 @@ def test_a_decode_step_routes_like_teacher_forcing_and_drops_nothing():
     model, params = _model_and_params(router)
     _, forced = jax.jit(lambda p: model.apply({"params": p}, SOURCE, DECODER_INPUTS, STAGE2, mutable=[ROUTING]))(params)
     forced_experts = np.asarray(forced[ROUTING]["decoder_moe_0"]["expert_index"][0]).reshape(DECODER_INPUTS.shape)
-    _, steps = _decode_step_by_step(model, params, mutable=(CACHE, ROUTING, METRICS))
+    _, steps = _decode_step_by_step(model, params, mutable=(CACHE, ROUTING, STATS))
     for i, variables in enumerate(steps):
       np.testing.assert_array_equal(variables[ROUTING]["decoder_moe_0"]["expert_index"][0], forced_experts[:, i])
-      assert float(variables[METRICS]["decoder_moe_0"]["dropped_fraction"][0]) == 0.0
+      assert float(layer_stats(variables)["decoder_moe_0"].dropped_fraction) == 0.0

@@ -9,6 +9,7 @@ layer with a shared expert across layouts (seconds).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import pathlib
@@ -24,7 +25,7 @@ from configs import default
 from stablemoe_jax.experiment.step import make_eval_step, make_train_step, step_rngs, token_nll
 from stablemoe_jax.models import capacity as capacity_lib
 from stablemoe_jax.models import dispatch
-from stablemoe_jax.models.routing import AUX_LOSS, METRICS
+from stablemoe_jax.models.routing import STATS, layer_stats
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
@@ -70,9 +71,9 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict, 
 
   def loss_and_outputs(params):
     output, sown = model.apply({"params": params}, batch["inputs"], jnp.array(True), deterministic=False,
-                               rngs=step_rngs(jax.random.key(5)), mutable=[AUX_LOSS, METRICS])
+                               rngs=step_rngs(jax.random.key(5)), mutable=[STATS])
     logits = output.logits()
-    aux = sum(jax.tree.leaves(sown[AUX_LOSS]))
+    aux = sum(jax.tree.leaves([stats.losses for stats in layer_stats(sown).values()]))
     return jnp.mean(token_nll(logits, batch["targets"])) + aux, (logits, sown)
 
   grads, (logits, sown) = mesh_lib.under_mesh(mesh, jax.jit(jax.grad(loss_and_outputs, has_aux=True)))(state.params)
@@ -154,31 +155,34 @@ def topk_checks(summary: dict) -> None:
   shared expert, G = 4: its output and every parameter's gradient on 1 device, expert 4 and 2 x 2 (all_to_all)."""
   import flax.linen as nn
   import ml_collections
-  from stablemoe_jax.models.moe import make_moe_layer
+  from stablemoe_jax.models.moe import MeshFacts, make_moe_layer
   moe = tiny_config(1).model.moe
   moe.router, moe.switch.top_k, moe.shared_experts, moe.capacity_factor = "switch", 2, 1, 0.75
   moe.num_groups, moe.shuffle_tokens = GROUPS, False
   x = jax.random.normal(jax.random.key(0), (4, 8, 8))
   ids = jax.random.randint(jax.random.key(1), (4, 8), 0, 50)
-  layer = make_moe_layer(typed(MoESettings, moe), 50, 2, 16)
-  params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
+  # The layer's dispatchers are resolved where it is built, for the layout's expert axis (all_to_all where > 1).
+  layer_on = lambda expert: make_moe_layer(typed(MoESettings, moe), 50, 2, 16, mesh=MeshFacts(1, expert))
+  params = nn.unbox(layer_on(1).init(jax.random.key(2), x, ids, jnp.array(True))["params"])
   params = jax.tree.map(lambda a: a + 0.3, params)  # non-zero output projections
 
-  def forward(p, x):
-    out, sown = layer.apply({"params": p}, x, ids, jnp.array(True), deterministic=False, mutable=[METRICS, AUX_LOSS])
+  def forward(p, x, layer):
+    out, sown = layer.apply({"params": p}, x, ids, jnp.array(True), deterministic=False, mutable=[STATS])
     return out, sown
 
-  def loss(p, x):
-    out, sown = forward(p, x)
-    return jnp.sum(out ** 2) + sum(jax.tree.leaves(sown[AUX_LOSS]))
+  def loss(p, x, layer):
+    out, sown = forward(p, x, layer)
+    return jnp.sum(out ** 2) + sum(jax.tree.leaves(layer_stats(sown)[""].losses))
 
   outs = {}
   for name, (devices, expert) in LAYOUTS.items():
+    layer = layer_on(expert)
+    forward_on, loss_on = (functools.partial(f, layer=layer) for f in (forward, loss))
     mesh = mesh_lib.make_mesh(ml_collections.ConfigDict({"expert": expert}), jax.devices()[:devices])
-    compiled = mesh_lib.under_mesh(mesh, lambda: jax.jit(forward).lower(params, x).compile())()
+    compiled = mesh_lib.under_mesh(mesh, lambda: jax.jit(forward_on).lower(params, x).compile())()
     out, sown = compiled(params, x)
-    grads = mesh_lib.under_mesh(mesh, jax.jit(jax.grad(loss)))(params, x)
-    outs[name] = (np.asarray(out), flat(grads), np.asarray(sown[METRICS]["dropped_fraction"][0]),
+    grads = mesh_lib.under_mesh(mesh, jax.jit(jax.grad(loss_on)))(params, x)
+    outs[name] = (np.asarray(out), flat(grads), np.asarray(layer_stats(sown)[""].dropped_fraction),
                   count(r"all-to-all\(", compiled.as_text()))
   ref_out, ref_grads, ref_dropped, _ = outs["one_device"]
   summary["topk"] = {name: {
@@ -192,20 +196,22 @@ def dropout_checks(summary: dict) -> None:
   """One MoE layer with expert dropout 0.3 and the shuffle on: the same output on 1 device, expert 4 and 2 x 2."""
   import flax.linen as nn
   import ml_collections
-  from stablemoe_jax.models.moe import make_moe_layer
+  from stablemoe_jax.models.moe import MeshFacts, make_moe_layer
   moe = tiny_config(1).model.moe
   x = jax.random.normal(jax.random.key(0), (4, 8, 8))
   ids = jax.random.randint(jax.random.key(1), (4, 8), 0, 50)
   outs = {}
   for rate in (0.0, 0.3):
-    layer = make_moe_layer(typed(MoESettings, moe), 50, 2, 16, dropout=rate)
-    params = nn.unbox(layer.init(jax.random.key(2), x, ids, jnp.array(True))["params"])
+    layer_on = lambda expert: make_moe_layer(typed(MoESettings, moe), 50, 2, 16, dropout=rate,
+                                             mesh=MeshFacts(1, expert))
+    params = nn.unbox(layer_on(1).init(jax.random.key(2), x, ids, jnp.array(True))["params"])
     params = jax.tree.map(lambda a: a + 0.3, params)  # non-zero output projections
-    apply = jax.jit(lambda p, x: layer.apply({"params": p}, x, ids, jnp.array(True), deterministic=False,
-                                             rngs=step_rngs(jax.random.key(3))))
     for name, (devices, expert) in LAYOUTS.items():
       if rate == 0.0 and name != "one_device":
         continue  # rate 0 is only the one-device reference of "dropout changes the output" (a compile a layout)
+      apply = jax.jit(functools.partial(lambda p, x, layer: layer.apply(
+          {"params": p}, x, ids, jnp.array(True), deterministic=False, rngs=step_rngs(jax.random.key(3))),
+          layer=layer_on(expert)))
       mesh = mesh_lib.make_mesh(ml_collections.ConfigDict({"expert": expert}), jax.devices()[:devices])
       outs[(rate, name)] = np.asarray(mesh_lib.under_mesh(mesh, apply)(params, x))
   summary["dropout"] = {

@@ -15,7 +15,7 @@ import numpy as np
 from configs import mt_cpu
 from stablemoe_jax.core.settings import from_config
 from stablemoe_jax.experiment.step import make_train_step, step_rngs
-from stablemoe_jax.models.routing import AUX_LOSS, METRICS
+from stablemoe_jax.models.routing import STATS, layer_stats
 from stablemoe_jax.parallel import mesh as mesh_lib
 from stablemoe_jax.parallel import sharding as sharding_lib
 from stablemoe_jax.tasks import make_task
@@ -73,8 +73,9 @@ def run_layout(name: str, devices: int, expert: int, batch: dict, arrays: dict) 
 
   def loss_and_outputs(params):
     output, sown = model.apply({"params": params}, *task.model_inputs(batch), jnp.array(True), deterministic=False,
-                               rngs=step_rngs(jax.random.key(5)), mutable=[AUX_LOSS, METRICS])
-    return task.train_loss(output, batch) + sum(jax.tree.leaves(sown[AUX_LOSS])), (output.logits(), sown)
+                               rngs=step_rngs(jax.random.key(5)), mutable=[STATS])
+    aux = sum(jax.tree.leaves([stats.losses for stats in layer_stats(sown).values()]))
+    return task.train_loss(output, batch) + aux, (output.logits(), sown)
 
   grads, (logits, sown) = mesh_lib.under_mesh(mesh, jax.jit(jax.grad(loss_and_outputs, has_aux=True)))(state.params)
   arrays[f"{name}/logits"] = np.asarray(logits)

@@ -23,7 +23,7 @@ from stablemoe_jax.compare import report
 from stablemoe_jax.experiment.config_validation import ConfigError, validate_config
 from stablemoe_jax.experiment.step import token_nll
 from stablemoe_jax.models import experts as experts_lib
-from stablemoe_jax.models.routing import METRICS, routing_health
+from stablemoe_jax.models.routing import STATS, layer_stats, routing_health
 from stablemoe_jax.models.transformer import TransformerLM
 from stablemoe_jax.train import health
 from stablemoe_jax.train.metrics import read_metrics
@@ -108,8 +108,8 @@ def test_every_router_sows_the_health_metrics(router, moe):
   @jax.jit
   def sown_metrics(tokens):
     params = jit_init(model, 0, tokens, jnp.array(True))["params"]
-    _, sown = model.apply({"params": params}, tokens, jnp.array(True), deterministic=True, mutable=[METRICS])
-    return {name: sown[METRICS]["moe_0"][name][0] for name in health.HEALTH_METRICS}
+    _, sown = model.apply({"params": params}, tokens, jnp.array(True), deterministic=True, mutable=[STATS])
+    return {name: getattr(layer_stats(sown)["moe_0"], name) for name in health.HEALTH_METRICS}
 
   values = {name: float(v) for name, v in sown_metrics(tokens).items()}
   assert 0.0 <= values["low_gate_fraction"] <= 1.0 and 0.0 <= values["load_balance"] <= 1.0 + 1e-6

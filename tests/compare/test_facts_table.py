@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from stablemoe_jax.compare import paired
+from tests.compare.doc_tables import interval_cell, markdown_rows
 from tests.conftest import REPO
 
 RESULTS = REPO / "results" / "facts_cpu" / "calibration"
@@ -56,3 +58,31 @@ def test_each_run_s_logged_recall_ends_at_its_summary():
     assert recalls == pytest.approx(facts["recall_curve"][:-1], abs=1e-5)  # every point but the final one is logged
     if run.parent == RESULTS:  # the capacity curve's folder: <model>_a<attributes> only
       assert re.fullmatch(r"(dense|wider|stablemoe|switch)_a\d+", run.name)
+
+
+def test_the_stage1_length_table_is_its_committed_runs():
+  """docs/facts.md's stage-1 length summary: each length's mean recall at the end and at 50% of training over seeds
+  1-3, its paired difference from the 10% stage 1 (mean [95% Student-t interval], percentage points), and the
+  forgetting counts summed over the seeds, from ``results/facts_cpu/stage1_length/stage1_<steps>_seed<k>``."""
+  folder = REPO / "results" / "facts_cpu" / "stage1_length"
+
+  def facts(steps: int) -> list[dict]:
+    return [json.loads((folder / f"stage1_{steps}_seed{k}" / "summary.json").read_text())["facts"] for k in (1, 2, 3)]
+
+  measures = {"end": lambda f: f["final"]["facts/recall"], "half": lambda f: f["recall_at"]["at_50"]}
+  rows = markdown_rows(REPO / "docs" / "facts.md", "| stage 1 | recall at the end |")
+  assert len(rows) == 3, rows
+  for label, cells in rows.items():
+    steps = int(re.search(r"\((\d[\d,]*) steps\)", label).group(1).replace(",", ""))
+    runs, base = facts(steps), facts(500)
+    for cell, measure in zip(cells, measures.values()):
+      mean = f"{sum(measure(f) for f in runs) / 3:.1%}"
+      if steps == 500:
+        assert cell == mean, (label, cell)
+      else:
+        stats = paired.interval([100 * (measure(a) - measure(b)) for a, b in zip(runs, base)])
+        assert cell == f"{mean}; {interval_cell(stats, 1)}", (label, cell)
+    total = {key: sum(f["forgetting"][key] for f in runs) for key in
+             ("changed_forgotten", "changed_at_risk", "kept_forgotten", "kept_at_risk")}
+    assert cells[2] == (f"{total['changed_forgotten']:,} of {total['changed_at_risk']:,} / "
+                        f"{total['kept_forgotten']:,} of {total['kept_at_risk']:,}"), (label, cells[2])

@@ -82,7 +82,7 @@ def validate_config(config, data_vocab_size: int | None = None, device_count: in
   if task == "translation":
     # Imported here: importing the translation task loads its input pipeline.
     from stablemoe_jax.tasks import translation as translation_task
-    translation_task.check_config(config)
+    translation_task.check_config(run)
   if device_count is not None:
     analysis_checks.check_devices(run, device_count)
 

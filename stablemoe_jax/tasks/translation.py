@@ -26,9 +26,8 @@ from stablemoe_jax.train.losses import head_mean_loss, head_token_nll
 from stablemoe_jax.train.schedules import SCHEDULES
 
 
-def check_config(config) -> None:
-  """The config sections as translation reads them, beyond the shared checks (``config_validation``)."""
-  run = settings_lib.from_config(config)
+def check_config(run: settings_lib.RunSettings) -> None:
+  """The typed config's sections as translation reads them, beyond the shared checks (``config_validation``)."""
   train, moe, data = run.train, run.model.moe, run.data
   corpus = data.corpus
   require(corpus in ("multi30k_bible", "wmt", "files"),
@@ -46,16 +45,14 @@ def check_config(config) -> None:
   require(0.0 <= train.label_smoothing < 1.0, f"train.label_smoothing={train.label_smoothing} must lie in [0, 1).")
   require(run.eval.max_sentences >= 0,
           f"eval.max_sentences={run.eval.max_sentences} must be >= 0 (0: every sentence).")
-  decode = run.decode
-  if "decode" in config:
-    require(decode.beam_size >= 1, f"decode.beam_size={decode.beam_size} must be >= 1 (1: greedy search).")
-    require(0 <= decode.max_len <= config.model.max_len,
-            f"decode.max_len={decode.max_len} must lie in [0, model.max_len={config.model.max_len}] "
-            f"(0: model.max_len).")
-    require(decode.batch_size > 0, f"decode.batch_size={decode.batch_size} must be positive.")
-    require(decode.length_penalty >= 0, f"decode.length_penalty={decode.length_penalty} must be >= 0.")
-    require(decode.sets in bleu_lib.DECODE_SETS,
-            f"decode.sets={decode.sets!r} is unknown; choose one of {bleu_lib.DECODE_SETS}.")
+  decode = run.decode  # a config without the section reads its defaults, which pass
+  require(decode.beam_size >= 1, f"decode.beam_size={decode.beam_size} must be >= 1 (1: greedy search).")
+  require(0 <= decode.max_len <= run.model.max_len,
+          f"decode.max_len={decode.max_len} must lie in [0, model.max_len={run.model.max_len}] (0: model.max_len).")
+  require(decode.batch_size > 0, f"decode.batch_size={decode.batch_size} must be positive.")
+  require(decode.length_penalty >= 0, f"decode.length_penalty={decode.length_penalty} must be >= 0.")
+  require(decode.sets in bleu_lib.DECODE_SETS,
+          f"decode.sets={decode.sets!r} is unknown; choose one of {bleu_lib.DECODE_SETS}.")
   require(train.schedule in SCHEDULES, f"train.schedule={train.schedule!r} is unknown; choose one of {SCHEDULES}.")
   # A decode step sees one position; only a router of the token id alone routes it as the whole sequence did.
   require(moe.distilled_router.kind == "embedding",

@@ -123,7 +123,7 @@ def test_primary_reports_the_primary_sets_scores_not_another_sets(tmp_path, toke
 def test_both_decode_sets_values_pass_the_config_check(value):
   config = tiny_model_config()
   config.decode.sets = value
-  translation_task.check_config(config)
+  translation_task.check_config(from_config(config))
 
 
 @pytest.mark.parametrize("value", ["Primary", "", "primary "])
@@ -131,4 +131,4 @@ def test_other_decode_sets_values_are_one_config_error_naming_the_key(value):
   config = tiny_model_config()
   config.decode.sets = value
   with pytest.raises(ConfigError, match=rf"decode.sets={value!r} is unknown; choose one of \('all', 'primary'\)"):
-    translation_task.check_config(config)
+    translation_task.check_config(from_config(config))

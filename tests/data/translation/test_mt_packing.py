@@ -196,12 +196,12 @@ def test_config_checks():
   config = tiny_model_config(VOCAB)
   config.data.pack_pairs, config.data.length_buckets = True, 2
   with pytest.raises(ConfigError, match="data.pack_pairs=True .* set --config.data.length_buckets=1"):
-    translation_task.check_config(config)
+    translation_task.check_config(from_config(config))
   config.data.length_buckets = 1
-  translation_task.check_config(config)
+  translation_task.check_config(from_config(config))
   config.decode.sets = "some"
   with pytest.raises(ConfigError, match="decode.sets='some' is unknown"):
-    translation_task.check_config(config)
+    translation_task.check_config(from_config(config))
   task = translation_task.TranslationTask(from_config(config))
   assert set(task.batch_shapes(4, 32)) == {"source", "decoder_inputs", "targets", "weights",
                                            *batch_lib.PACKING_KEYS}
@@ -212,7 +212,7 @@ def test_config_checks():
 def test_length_buckets_are_refused_only_with_packed_rows(pack, buckets):
   config = tiny_model_config(VOCAB)
   config.data.pack_pairs, config.data.length_buckets = pack, buckets
-  translation_task.check_config(config)
+  translation_task.check_config(from_config(config))
 
 
 def test_a_pack_pairs_of_another_type_is_one_error_naming_the_key():

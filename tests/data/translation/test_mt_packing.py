@@ -220,7 +220,7 @@ def test_a_pack_pairs_of_another_type_is_one_error_naming_the_key():
   tree = tiny_model_config(VOCAB).to_dict()
   tree["data"]["pack_pairs"] = 1  # a ConfigDict keeps a key's type once set: the value goes in as a dict's
   with pytest.raises(ConfigError, match=r"^data.pack_pairs=1 must be a bool \(the default False\)"):
-    translation_task.check_config(ml_collections.ConfigDict(tree))
+    translation_task.check_config(from_config(ml_collections.ConfigDict(tree)))  # typed where a run starts
 
 
 def test_primary_set_names():

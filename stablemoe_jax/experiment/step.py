@@ -74,13 +74,14 @@ def make_train_step(model, tx: optax.GradientTransformation, run: RunSettings,
       )
       task_loss = task.train_loss(output, batch)
       stats = layer_stats(sown)
-      return task_loss + aux_losses(stats)[0], (task_loss, stats)
+      aux_total, aux_by_name = aux_losses(stats)
+      return task_loss + aux_total, (task_loss, aux_by_name, stats)
 
-    (loss, (task_loss, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (loss, (task_loss, aux_by_name, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     metrics = {
         "loss": loss,
         "task_loss": task_loss,
-        **{f"aux/{name}": value for name, value in aux_losses(stats)[1].items()},  # every router loss, by its name
+        **{f"aux/{name}": value for name, value in aux_by_name.items()},  # every router loss, by its name
         **moe_metrics(stats),
     }
     return grads, metrics, stats
